@@ -1,0 +1,109 @@
+"""The ``codemill`` command line."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from codemill import progress
+from codemill.config import PipelineConfig, SourceConfig, load_config, load_preset, preset_names
+
+app = typer.Typer(help="codemill: code corpus -> tokens -> checkpoints -> evaluated models.",
+                  no_args_is_help=True, add_completion=False)
+console = Console()
+
+
+class RichSink:
+    """Shows one progress line per stage; updates arrive from the tasks (same process)."""
+
+    def __init__(self, bar: Progress) -> None:
+        self.bar = bar
+        self.rows: dict[str, TaskID] = {}
+
+    def _row(self, name: str) -> TaskID:
+        if name not in self.rows:
+            self.rows[name] = self.bar.add_task(name, total=None, status="")
+        return self.rows[name]
+
+    def stage(self, name: str, message: str) -> None:
+        self.bar.update(self._row(name), status=message)
+
+    def update(self, name: str, done: int, total: int) -> None:
+        self.bar.update(self._row(name), completed=done, total=total)
+
+
+def build_config(config: Path | None, preset: str, sources: list[Path] | None, store: str | None) -> PipelineConfig:
+    cfg = load_config(config) if config else load_preset(preset)
+    if sources:
+        missing = [str(s) for s in sources if not s.exists()]
+        if missing:
+            raise typer.BadParameter(f"source path does not exist: {', '.join(missing)}", param_hint="--source")
+        cfg.ingest.sources = [SourceConfig(path=str(s.resolve())) for s in sources]
+    if store:
+        cfg.store_root = store
+    return cfg
+
+
+@app.command()
+def run(
+    config: Annotated[Path | None, typer.Option(help="Pipeline config YAML (overrides --preset).")] = None,
+    source: Annotated[list[Path] | None, typer.Option(help="Source folder(s); repeatable.")] = None,
+    preset: Annotated[str, typer.Option(help=f"Preset name: {', '.join(preset_names())}.")] = "tiny",
+    store: Annotated[str | None, typer.Option(help="Artifact store root (path or fsspec URL).")] = None,
+) -> None:
+    """Run the whole pipeline: ingest -> tokenize -> train -> evaluate."""
+    cfg = build_config(config, preset, source, store)
+    os.environ.setdefault("MLFLOW_TRACKING_URI", cfg.mlflow_tracking_uri)
+    from codemill.flows.pipeline import pipeline
+
+    t0 = time.perf_counter()
+    with Progress(SpinnerColumn(), TextColumn("[bold]{task.description:<9}"), BarColumn(),
+                  TextColumn("{task.completed}/{task.total}"), TextColumn("{task.fields[status]}"),
+                  TimeElapsedColumn(), console=console, transient=False) as bar:
+        progress.set_sink(RichSink(bar))
+        try:
+            out = pipeline(config=cfg)
+        finally:
+            progress.set_sink(None)
+    print_summary(out, time.perf_counter() - t0)
+
+
+def print_summary(out: dict, wall_s: float) -> None:
+    table = Table(title=f"codemill run finished in {wall_s:.1f}s")
+    for col in ("stage", "status", "artifact"):
+        table.add_column(col)
+    for name, st in out["stages"].items():
+        status = st["status"]
+        shown = "skipped (cached)" if status == "cached" else ("skipped (in store)" if status == "present"
+                                                                else "ran")
+        table.add_row(name, shown, st["ref"]["uri"])
+    console.print(table)
+    s = out["scores"]
+    console.print(f"val bits-per-byte: [bold]{s['val_bpb']:.4f}[/] (95% CI {s['val_bpb_ci_low']:.4f} - "
+                  f"{s['val_bpb_ci_high']:.4f})")
+    console.print(f"MLflow run:  {out['parent_run_id']} (experiment {out['experiment_id']}, {out['tracking_uri']})")
+    console.print(f"Model id:    {out['model_id']}  (models:/{out['model_id']})")
+    console.print(f"Prefect flow run: {out['flow_run_id']}")
+    uri = out["tracking_uri"]
+    console.print("Open the UIs:")
+    console.print(f"  mlflow ui --backend-store-uri {uri}" if uri.startswith("sqlite") else f"  MLflow: {uri}")
+    console.print("  prefect server start   # then http://127.0.0.1:4200 (runs appear when PREFECT_API_URL "
+                  "points at it)")
+
+
+@app.command()
+def presets() -> None:
+    """List the shipped presets."""
+    for name in preset_names():
+        console.print(name)
+
+
+if __name__ == "__main__":
+    app()

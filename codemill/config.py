@@ -1,0 +1,150 @@
+"""Pipeline configuration: one pydantic model per stage, composed into PipelineConfig.
+
+PipelineConfig is the Prefect flow parameter, so every field carries a description (shown in the UI form)
+and a default. Fields that do not change a stage's output are marked with ``affects_output=False``; they are
+left out of the stage digest so that, say, a longer timeout does not invalidate a cached checkpoint.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+
+def runtime_only(**kwargs: Any) -> Any:
+    """A Field that does not affect the stage output (excluded from digests)."""
+    return Field(json_schema_extra={"affects_output": False}, **kwargs)
+
+
+class StageConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    def digest_config(self) -> dict[str, Any]:
+        """The output-affecting part of the config, recursively."""
+        out: dict[str, Any] = {}
+        for name, field in type(self).model_fields.items():
+            extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+            if extra.get("affects_output") is False:
+                continue
+            out[name] = _digestable(getattr(self, name))
+        return out
+
+
+def _digestable(value: Any) -> Any:
+    if isinstance(value, StageConfig):
+        return value.digest_config()
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    if isinstance(value, list):
+        return [_digestable(v) for v in value]
+    return value
+
+
+DEFAULT_EXCLUDES = ["site-packages/**", "test/**", "**/__pycache__/**", "idlelib/idle_test/**"]
+
+
+class SourceConfig(StageConfig):
+    """A local directory of source files. Empty path means the running interpreter's standard library."""
+
+    path: str | None = Field(None, description="Directory to ingest; empty = this Python's standard library.")
+    repo: str | None = Field(None, description="Repository name recorded on each row; default: folder name.")
+    include: list[str] = Field(["**/*.py"], description="Glob patterns (relative paths) of files to take.")
+    exclude: list[str] = Field(DEFAULT_EXCLUDES, description="Glob patterns of files/folders to skip.")
+
+
+class IngestConfig(StageConfig):
+    sources: list[SourceConfig] = Field(default_factory=lambda: [SourceConfig()], description="Corpus sources.")
+    max_file_bytes: int = Field(1_000_000, gt=0, description="Files larger than this are rejected (too_large).")
+    val_fraction: float = Field(0.1, ge=0.0, lt=1.0, description="Share of split units that go to val.")
+    split_unit: Literal["top_level_package", "repository"] = Field(
+        "top_level_package",
+        description="What is kept whole in one split: a repository, or a top-level package within it.",
+    )
+    split_salt: str = Field("codemill-split-v1", description="Salt of the split hash; change to reshuffle.")
+    shard_max_rows: int = Field(2000, gt=0, description="Rows per Parquet shard.")
+
+
+class TokenizeConfig(StageConfig):
+    vocab_size: int = Field(4096, ge=260, description="BPE vocabulary size (including special tokens).")
+    min_frequency: int = Field(2, ge=1, description="Minimum pair frequency for a BPE merge.")
+    seq_len: int = Field(256, ge=8, description="Tokens per packed training sequence.")
+    sequences_per_shard: int = Field(4096, gt=0, description="Packed sequences per token shard.")
+    batch_size: int = runtime_only(default=256, gt=0, description="Files per encode_batch call.")
+
+
+class ModelConfig(StageConfig):
+    """A Llama-style causal LM built from scratch."""
+
+    hidden_size: int = Field(128, gt=0)
+    intermediate_size: int = Field(344, gt=0)
+    num_layers: int = Field(4, gt=0)
+    num_heads: int = Field(4, gt=0)
+    num_kv_heads: int = Field(4, gt=0)
+    rope_theta: float = Field(10000.0, gt=0)
+
+
+class TrainConfig(StageConfig):
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    nproc_per_node: int = Field(2, ge=1, description="torchrun processes (DDP world size on one node).")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto = cuda when available.")
+    max_steps: int = Field(200, gt=0, description="Optimizer steps.")
+    micro_batch_size: int = Field(8, gt=0, description="Sequences per rank per micro-step.")
+    grad_accum_steps: int = Field(1, gt=0, description="Micro-steps per optimizer step.")
+    lr: float = Field(3e-3, gt=0, description="Peak learning rate (AdamW).")
+    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="Final lr as a fraction of the peak (cosine).")
+    warmup_steps: int = Field(20, ge=0)
+    weight_decay: float = Field(0.1, ge=0)
+    beta1: float = Field(0.9, gt=0, lt=1)
+    beta2: float = Field(0.95, gt=0, lt=1)
+    grad_clip: float = Field(1.0, gt=0)
+    seed: int = Field(1234)
+    dtype: Literal["float32", "bfloat16"] = Field("float32", description="Autocast dtype (bf16 on GPU).")
+    checkpoint_every: int = runtime_only(default=100, gt=0, description="Steps between resumable checkpoints.")
+    keep_checkpoints: int = runtime_only(default=2, ge=1, description="Committed checkpoints kept.")
+    log_every: int = runtime_only(default=10, gt=0, description="Steps between metric logs.")
+    timeout_s: int = runtime_only(default=3600, gt=0, description="Kill the torchrun job after this long.")
+
+
+class EvalConfig(StageConfig):
+    max_files: int | None = Field(400, description="Evaluate at most this many val files (sorted by path).")
+    context_len: int = Field(256, ge=8, description="Tokens per scoring window.")
+    batch_size: int = runtime_only(default=16, gt=0, description="Windows per forward pass.")
+    bootstrap_samples: int = Field(1000, ge=100, description="Bootstrap resamples for the CI.")
+    confidence: float = Field(0.95, gt=0, lt=1)
+    seed: int = Field(0)
+
+
+class PipelineConfig(StageConfig):
+    """Everything one pipeline run needs. Loadable from YAML; the Prefect flow's only parameter."""
+
+    name: str = Field("codemill", description="Experiment name in MLflow.")
+    store_root: str = runtime_only(default=".codemill/store", description="Artifact store: path or fsspec URL.")
+    work_dir: str = runtime_only(default=".codemill/work", description="Local scratch: checkpoints, caches.")
+    mlflow_tracking_uri: str = runtime_only(default="sqlite:///mlflow.db", description="MLflow tracking URI.")
+    ingest: IngestConfig = Field(default_factory=IngestConfig)
+    tokenize: TokenizeConfig = Field(default_factory=TokenizeConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    evaluate: EvalConfig = Field(default_factory=EvalConfig)
+
+
+def preset_names() -> list[str]:
+    return sorted(p.name.removesuffix(".yaml") for p in resources.files("codemill.configs").iterdir()
+                  if p.name.endswith(".yaml"))
+
+
+def load_preset(name: str) -> PipelineConfig:
+    path = resources.files("codemill.configs") / f"{name}.yaml"
+    if not path.is_file():
+        raise ValueError(f"unknown preset {name!r}; known presets: {', '.join(preset_names())}")
+    return PipelineConfig.model_validate(yaml.safe_load(path.read_text()) or {})
+
+
+def load_config(path: str | Path) -> PipelineConfig:
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"config file not found: {p}")
+    return PipelineConfig.model_validate(yaml.safe_load(p.read_text()) or {})

@@ -1,0 +1,154 @@
+"""All MLflow logging of the pipeline (the trainer's rank-0 metric logger aside).
+
+The chain, as the MLflow UI and ``MlflowClient`` see it:
+eval metric (model_id, dataset digest) -> LoggedModel (source_run_id = train run, tag codemill.digest)
+-> train run input dataset "tokens" (digest = token artifact digest, source = its URI)
+-> tokenize run (tag codemill.output_digest = that digest) -> input dataset "corpus" (corpus digest)
+-> ingest run (codemill.output_digest = corpus digest) -> tags codemill.source.N.{root,fingerprint}.
+
+Every call names its run or model explicitly (no fluent active-run state): tasks run in threads, and
+mlflow's fluent state after log_model is known to be stale (mlflow#21839).
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from mlflow import MlflowClient
+from mlflow.entities import DatasetInput, InputTag, LoggedModelInput, LoggedModelOutput, Metric, RunStatus
+from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
+
+from codemill.store import ArtifactRef
+
+TAG_STAGE = "codemill.stage"
+TAG_DIGEST = "codemill.digest"
+TAG_OUTPUT_DIGEST = "codemill.output_digest"
+TAG_OUTPUT_URI = "codemill.output_uri"
+TAG_FLOW_RUN = "prefect.flow_run_id"
+TAG_FLOW_RUN_URL = "prefect.flow_run_url"
+MAX_TAG = 5000
+
+
+class Lineage:
+    def __init__(self, tracking_uri: str, experiment_name: str) -> None:
+        self.tracking_uri = tracking_uri
+        self.client = MlflowClient(tracking_uri=tracking_uri)
+        exp = self.client.get_experiment_by_name(experiment_name)
+        self.experiment_id = exp.experiment_id if exp else self._create_experiment(experiment_name)
+
+    def _create_experiment(self, name: str) -> str:
+        try:
+            return self.client.create_experiment(name)
+        except Exception:  # another process created it first
+            exp = self.client.get_experiment_by_name(name)
+            if exp is None:
+                raise
+            return exp.experiment_id
+
+    # --- runs -------------------------------------------------------------------------------------------
+    def start_parent(self, name: str, flow_run_id: str | None, flow_run_url: str | None,
+                     config: dict[str, Any]) -> str:
+        tags = {MLFLOW_RUN_NAME: name, TAG_STAGE: "pipeline"}
+        if flow_run_id:
+            tags[TAG_FLOW_RUN] = flow_run_id
+        if flow_run_url:
+            tags[TAG_FLOW_RUN_URL] = flow_run_url
+        run = self.client.create_run(self.experiment_id, tags=tags, run_name=name)
+        self.client.log_dict(run.info.run_id, config, "pipeline_config.json")
+        return run.info.run_id
+
+    def end_run(self, run_id: str, failed: bool = False) -> None:
+        status = RunStatus.to_string(RunStatus.FAILED if failed else RunStatus.FINISHED)
+        self.client.set_terminated(run_id, status=status)
+
+    @contextmanager
+    def stage_run(self, parent_run_id: str | None, stage: str, digest: str) -> Iterator[str]:
+        tags = {TAG_STAGE: stage, TAG_OUTPUT_DIGEST: digest, MLFLOW_RUN_NAME: stage}
+        if parent_run_id:
+            tags[MLFLOW_PARENT_RUN_ID] = parent_run_id
+        run_id = self.client.create_run(self.experiment_id, tags=tags, run_name=stage).info.run_id
+        try:
+            yield run_id
+        except BaseException:
+            self.end_run(run_id, failed=True)
+            raise
+        self.end_run(run_id)
+
+    def tag(self, run_id: str, tags: dict[str, Any]) -> None:
+        for k, v in tags.items():
+            self.client.set_tag(run_id, k, str(v)[:MAX_TAG])
+
+    def log_params(self, run_id: str, params: dict[str, Any]) -> None:
+        for k, v in flatten(params).items():
+            self.client.log_param(run_id, k, str(v)[:6000])
+
+    def log_metrics(self, run_id: str, metrics: dict[str, float], step: int = 0) -> None:
+        import time
+
+        now = int(time.time() * 1000)
+        self.client.log_batch(run_id, metrics=[Metric(k, float(v), now, step) for k, v in metrics.items()])
+
+    def log_json(self, run_id: str, obj: Any, artifact_file: str) -> None:
+        self.client.log_dict(run_id, json.loads(json.dumps(obj, default=str)), artifact_file)
+
+    # --- datasets ---------------------------------------------------------------------------------------
+    @staticmethod
+    def dataset(ref: ArtifactRef, name: str | None = None):
+        """A metadata-only MLflow dataset whose digest is the store digest and whose source is the URI."""
+        from mlflow.data.dataset_source_registry import resolve_dataset_source
+        from mlflow.data.meta_dataset import MetaDataset
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            source = resolve_dataset_source(ref.uri)
+        return MetaDataset(source=source, name=name or f"{ref.stage}:{ref.name}", digest=ref.digest)
+
+    def log_dataset_input(self, run_id: str, ref: ArtifactRef, context: str, name: str | None = None) -> None:
+        entity = self.dataset(ref, name)._to_mlflow_entity()
+        self.client.log_inputs(run_id, datasets=[
+            DatasetInput(dataset=entity, tags=[InputTag(key="mlflow.data.context", value=context)])])
+        self.client.set_tag(run_id, f"codemill.input.{context}.digest", ref.digest)
+
+    # --- models -----------------------------------------------------------------------------------------
+    def find_model(self, digest: str) -> str | None:
+        found = self.client.search_logged_models(
+            experiment_ids=[self.experiment_id], filter_string=f"tags.`{TAG_DIGEST}` = '{digest}'",
+            max_results=1)
+        return found[0].model_id if found else None
+
+    def log_checkpoint(self, run_id: str, ref: ArtifactRef, hf_dir: Path, train_data: ArtifactRef,
+                       step: int, params: dict[str, Any]) -> str:
+        """The checkpoint as a LoggedModel carrying the HF-format model and tokenizer."""
+        model = self.client.create_logged_model(
+            self.experiment_id, name=f"{ref.name}-{ref.short}", source_run_id=run_id,
+            tags={TAG_DIGEST: ref.digest, TAG_OUTPUT_URI: ref.uri, "codemill.train_data_digest": train_data.digest},
+            params={k: str(v) for k, v in flatten(params).items()}, model_type="transformers-causal-lm")
+        self.client.log_model_artifacts(model.model_id, str(hf_dir))
+        self.client.finalize_logged_model(model.model_id, "READY")
+        self.client.log_outputs(run_id, [LoggedModelOutput(model.model_id, step)])
+        return model.model_id
+
+    def log_eval(self, run_id: str, model_id: str, dataset_ref: ArtifactRef, metrics: dict[str, float],
+                 dataset_name: str) -> None:
+        """Eval metrics attached to the model and the dataset they were measured on."""
+        self.client.log_inputs(run_id, models=[LoggedModelInput(model_id)])
+        self.log_dataset_input(run_id, dataset_ref, "eval", name=dataset_name)
+        for k, v in metrics.items():
+            self.client.log_metric(run_id, k, float(v), step=0, model_id=model_id,
+                                   dataset_name=dataset_name, dataset_digest=dataset_ref.digest)
+
+
+def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten(v, f"{key}."))
+        else:
+            out[key] = v
+    return out

@@ -1,0 +1,219 @@
+"""The content-addressed artifact store (local path or any fsspec URL).
+
+Layout: ``<root>/<stage>/<name>-<digest[:12]>/`` holding payload files and ``manifest.json``. The manifest is
+written last: a directory without one is incomplete and never read. Payloads are built in a local staging
+directory; on a local store the finished directory is renamed into place (atomic), on a remote store the
+payload is uploaded first and the manifest last.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+from pydantic import BaseModel, Field
+
+from codemill import __version__
+from codemill.hashing import sha256_file
+
+MANIFEST = "manifest.json"
+
+
+class ArtifactRef(BaseModel):
+    """What tasks pass around: where an artifact lives and what it is. Never the data itself."""
+
+    stage: str
+    name: str
+    digest: str
+    uri: str
+
+    @property
+    def short(self) -> str:
+        return self.digest[:12]
+
+
+class FileEntry(BaseModel):
+    path: str
+    bytes: int
+    sha256: str
+
+
+class Manifest(BaseModel):
+    stage: str
+    name: str
+    digest: str
+    uri: str
+    code_version: str
+    codemill_version: str = __version__
+    config: dict[str, Any] = Field(default_factory=dict)
+    inputs: dict[str, str] = Field(default_factory=dict, description="input name -> artifact digest")
+    input_uris: dict[str, str] = Field(default_factory=dict)
+    stats: dict[str, Any] = Field(default_factory=dict)
+    files: list[FileEntry] = Field(default_factory=list)
+    created_at: float = Field(default_factory=time.time)
+
+
+class IncompleteArtifactError(RuntimeError):
+    pass
+
+
+class ArtifactStore:
+    def __init__(self, root: str, cache_dir: str | Path = ".codemill/work/cache") -> None:
+        self.root_url = root
+        self.fs, path = fsspec.core.url_to_fs(root)
+        self.is_local = isinstance(self.fs, LocalFileSystem)
+        self.root = os.path.abspath(path) if self.is_local else path.rstrip("/")
+        self.cache_dir = Path(cache_dir).absolute()
+
+    # --- addressing -------------------------------------------------------------------------------------
+    def _path(self, stage: str, name: str, digest: str) -> str:
+        return f"{self.root}/{stage}/{name}-{digest[:12]}"
+
+    def _uri(self, path: str) -> str:
+        if self.is_local:
+            return path
+        return self.fs.unstrip_protocol(path)
+
+    def ref(self, stage: str, name: str, digest: str) -> ArtifactRef:
+        return ArtifactRef(stage=stage, name=name, digest=digest, uri=self._uri(self._path(stage, name, digest)))
+
+    def _fs_path(self, ref: ArtifactRef) -> str:
+        return self._path(ref.stage, ref.name, ref.digest)
+
+    # --- reading ----------------------------------------------------------------------------------------
+    def is_committed(self, ref: ArtifactRef) -> bool:
+        return self.fs.exists(f"{self._fs_path(ref)}/{MANIFEST}")
+
+    def read_manifest(self, ref: ArtifactRef) -> Manifest:
+        path = f"{self._fs_path(ref)}/{MANIFEST}"
+        try:
+            with self.fs.open(path, "r") as fh:
+                manifest = Manifest.model_validate_json(fh.read())
+        except FileNotFoundError as exc:
+            raise IncompleteArtifactError(f"{ref.uri} has no manifest: it is incomplete or missing") from exc
+        if manifest.digest != ref.digest:
+            raise IncompleteArtifactError(f"{path}: manifest digest {manifest.digest} != {ref.digest}")
+        return manifest
+
+    def local_path(self, ref: ArtifactRef) -> Path:
+        """A local directory with the committed payload (downloaded once for remote stores)."""
+        if not self.is_committed(ref):
+            raise IncompleteArtifactError(f"{ref.uri} is not committed")
+        if self.is_local:
+            return Path(self._fs_path(ref))
+        target = self.cache_dir / ref.stage / f"{ref.name}-{ref.short}"
+        if (target / MANIFEST).exists():
+            return target
+        staging = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}")
+        staging.mkdir(parents=True)
+        try:
+            self.fs.get(f"{self._fs_path(ref)}/", str(staging) + "/", recursive=True)
+            _commit_local_dir(staging, target)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        return target
+
+    def list(self, stage: str) -> list[ArtifactRef]:
+        out = []
+        for man in self.fs.glob(f"{self.root}/{stage}/*/{MANIFEST}"):
+            with self.fs.open(man, "r") as fh:
+                m = Manifest.model_validate_json(fh.read())
+            out.append(self.ref(m.stage, m.name, m.digest))
+        return out
+
+    # --- writing ----------------------------------------------------------------------------------------
+    @contextmanager
+    def writer(self, ref: ArtifactRef) -> Iterator[ArtifactWriter]:
+        """Yield a staging directory; commit on clean exit, discard on error. Never a half-written artifact."""
+        if self.is_local:
+            stage_dir = Path(self.root) / ref.stage
+            stage_dir.mkdir(parents=True, exist_ok=True)
+            staging = Path(tempfile.mkdtemp(prefix=f".staging-{ref.name}-{ref.short}-", dir=stage_dir))
+        else:
+            self.cache_dir.mkdir(parents=True, exist_ok=True)
+            staging = Path(tempfile.mkdtemp(prefix=f"staging-{ref.name}-{ref.short}-", dir=self.cache_dir))
+        w = ArtifactWriter(ref, staging)
+        try:
+            yield w
+            if w.manifest is None:
+                raise RuntimeError(f"writer for {ref.uri} exited without finish(); nothing committed")
+            self._commit(ref, staging, w.manifest)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+    def _commit(self, ref: ArtifactRef, staging: Path, manifest: Manifest) -> None:
+        payload = manifest.model_dump_json(indent=2)
+        if self.is_local:
+            (staging / MANIFEST).write_text(payload)
+            _commit_local_dir(staging, Path(self._fs_path(ref)))
+            return
+        dest = self._fs_path(ref)
+        if self.fs.exists(dest):  # leftover of an interrupted upload: no manifest, so never read; replace
+            self.fs.rm(dest, recursive=True)
+        for entry in manifest.files:
+            self.fs.put_file(str(staging / entry.path), f"{dest}/{entry.path}")
+        with self.fs.open(f"{dest}/{MANIFEST}", "w") as fh:
+            fh.write(payload)
+
+
+def _commit_local_dir(staging: Path, target: Path) -> None:
+    """Rename a finished directory into place. If another writer won the race, keep theirs (same digest)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if (target / MANIFEST).exists():
+        return
+    if target.exists():  # an incomplete directory (no manifest) is garbage from a crash
+        shutil.rmtree(target)
+    try:
+        os.rename(staging, target)
+    except OSError:
+        if not (target / MANIFEST).exists():
+            raise
+
+
+class ArtifactWriter:
+    def __init__(self, ref: ArtifactRef, staging: Path) -> None:
+        self.ref = ref
+        self.dir = staging
+        self.manifest: Manifest | None = None
+
+    def path(self, relpath: str) -> Path:
+        p = self.dir / relpath
+        p.parent.mkdir(parents=True, exist_ok=True)
+        return p
+
+    def write_json(self, relpath: str, obj: Any) -> Path:
+        p = self.path(relpath)
+        p.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str))
+        return p
+
+    def finish(
+        self,
+        *,
+        code_version: str,
+        config: dict[str, Any],
+        inputs: dict[str, ArtifactRef] | None = None,
+        stats: dict[str, Any] | None = None,
+    ) -> Manifest:
+        files = []
+        for p in sorted(self.dir.rglob("*")):
+            if p.is_file() and p.name != MANIFEST:
+                files.append(FileEntry(path=p.relative_to(self.dir).as_posix(), bytes=p.stat().st_size,
+                                       sha256=sha256_file(p)))
+        inputs = inputs or {}
+        self.manifest = Manifest(
+            stage=self.ref.stage, name=self.ref.name, digest=self.ref.digest, uri=self.ref.uri,
+            code_version=code_version, config=config,
+            inputs={k: v.digest for k, v in inputs.items()}, input_uris={k: v.uri for k, v in inputs.items()},
+            stats=stats or {}, files=files,
+        )
+        return self.manifest

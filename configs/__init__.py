@@ -1,0 +1,1 @@
+"""Preset pipeline configurations (YAML), shipped as package data."""

@@ -1,0 +1,1 @@
+"""codemill.data: pure corpus logic (sources, filters, dedup, split, tokenize, pack). No Prefect here."""

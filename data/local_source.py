@@ -1,0 +1,165 @@
+"""Reading a local directory of source files into rows, with every rejected file counted by reason.
+
+Rejections never stop the run: binary files, invalid UTF-8, empty files, files too large, unreadable files,
+symlink loops and broken links are each counted under their reason and listed (path, reason) so nothing is
+silently lost. A missing or non-directory source root is an immediate error.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import stat
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from codemill.data.globs import dir_excluded, matches_any
+from codemill.hashing import sha256_file
+
+BINARY_SNIFF_BYTES = 8192
+LANGUAGE_BY_EXTENSION = {".py": "python", ".pyi": "python", ".c": "c", ".h": "c", ".rs": "rust", ".go": "go",
+                         ".js": "javascript", ".ts": "typescript", ".java": "java", ".sh": "shell"}
+
+
+class SourceNotFoundError(FileNotFoundError):
+    pass
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    repo: str
+    path: str  # relative POSIX path inside the source root
+    language: str
+    content: str
+    bytes: int
+    sha256: str
+
+
+@dataclass
+class ScanResult:
+    files: list[SourceFile] = field(default_factory=list)
+    rejected: Counter[str] = field(default_factory=Counter)
+    rejected_examples: list[tuple[str, str]] = field(default_factory=list)
+    seen: int = 0
+
+    def reject(self, relpath: str, reason: str) -> None:
+        self.rejected[reason] += 1
+        if len(self.rejected_examples) < 1000:
+            self.rejected_examples.append((relpath, reason))
+
+
+def check_source_root(root: str | Path) -> Path:
+    p = Path(root)
+    if not p.exists():
+        raise SourceNotFoundError(f"source path does not exist: {p}")
+    if not p.is_dir():
+        raise SourceNotFoundError(f"source path is not a directory: {p}")
+    return p
+
+
+def iter_candidates(root: Path, include: list[str], exclude: list[str],
+                    on_error: ScanResult | None = None) -> Iterator[tuple[str, Path]]:
+    """(relative path, absolute path) of files matching include and not exclude, in sorted order."""
+    def onerror(exc: OSError) -> None:
+        if on_error is not None and exc.filename:
+            rel = os.path.relpath(exc.filename, root)
+            on_error.reject(Path(rel).as_posix(), "unreadable_dir")
+
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False, onerror=onerror):
+        reldir = Path(os.path.relpath(dirpath, root)).as_posix()
+        reldir = "" if reldir == "." else reldir
+        kept = []
+        for d in sorted(dirnames):
+            rel = f"{reldir}/{d}" if reldir else d
+            if os.path.islink(os.path.join(dirpath, d)):
+                if on_error is not None and matches_any(f"{rel}/x", include):
+                    on_error.reject(rel, "symlinked_dir_not_followed")
+                continue
+            if not dir_excluded(rel, exclude):
+                kept.append(d)
+        dirnames[:] = kept
+        for name in sorted(filenames):
+            rel = f"{reldir}/{name}" if reldir else name
+            if matches_any(rel, include) and not matches_any(rel, exclude):
+                yield rel, Path(dirpath) / name
+
+
+def read_source_file(abspath: Path, max_bytes: int) -> tuple[bytes | None, str | None]:
+    """Raw bytes of a regular file, or (None, reason) when it cannot be taken."""
+    try:
+        st = os.stat(abspath)  # follows file symlinks
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return None, "symlink_loop"
+        if exc.errno == errno.ENOENT:
+            return None, "broken_symlink"
+        return None, "unreadable"
+    if not stat.S_ISREG(st.st_mode):
+        return None, "not_regular_file"
+    if st.st_size > max_bytes:
+        return None, "too_large"
+    try:
+        with open(abspath, "rb") as fh:
+            raw = fh.read(max_bytes + 1)
+    except OSError:
+        return None, "unreadable"
+    if len(raw) > max_bytes:
+        return None, "too_large"
+    return raw, None
+
+
+def decode_source(raw: bytes) -> tuple[str | None, str | None]:
+    """UTF-8 text, or (None, reason): empty, binary (NUL bytes), invalid_utf8."""
+    if not raw.strip():
+        return None, "empty"
+    if b"\0" in raw[:BINARY_SNIFF_BYTES]:
+        return None, "binary"
+    try:
+        return raw.decode("utf-8"), None
+    except UnicodeDecodeError:
+        return None, "invalid_utf8"
+
+
+def language_of(path: str) -> str:
+    return LANGUAGE_BY_EXTENSION.get(os.path.splitext(path)[1].lower(), "unknown")
+
+
+def scan_source(root: str | Path, repo: str, include: list[str], exclude: list[str],
+                max_bytes: int) -> ScanResult:
+    root_path = check_source_root(root)
+    result = ScanResult()
+    for rel, abspath in iter_candidates(root_path, include, exclude, on_error=result):
+        result.seen += 1
+        raw, reason = read_source_file(abspath, max_bytes)
+        if raw is None:
+            result.reject(rel, reason or "unreadable")
+            continue
+        text, reason = decode_source(raw)
+        if text is None:
+            result.reject(rel, reason or "undecodable")
+            continue
+        result.files.append(SourceFile(repo=repo, path=rel, language=language_of(rel), content=text,
+                                       bytes=len(raw), sha256=hashlib.sha256(raw).hexdigest()))
+    return result
+
+
+def fingerprint_source(root: str | Path, include: list[str], exclude: list[str]) -> tuple[str, int]:
+    """sha256 over (relative path, content hash) of every candidate file: the source's content identity.
+
+    Touching a file does not change it; editing, adding or removing one does. Unreadable entries enter by
+    their failure reason so that fixing them changes the fingerprint too. Returns (digest, file count).
+    """
+    root_path = check_source_root(root)
+    h = hashlib.sha256()
+    n = 0
+    for rel, abspath in iter_candidates(root_path, include, exclude):
+        n += 1
+        try:
+            piece = sha256_file(abspath) if stat.S_ISREG(os.stat(abspath).st_mode) else "!not_regular_file"
+        except OSError as exc:
+            piece = f"!{exc.errno}"
+        h.update(f"{rel}\0{piece}\n".encode())
+    return h.hexdigest(), n

@@ -1,0 +1,1 @@
+"""codemill.evals: evaluation suites, statistics and the gate. No Prefect here."""

@@ -1,0 +1,1 @@
+"""codemill.flows: Prefect flows (pipeline, and later nightly, evaluate, one per stage)."""

@@ -1,0 +1,90 @@
+"""The ``pipeline`` flow: ingest -> tokenize -> train -> evaluate, with one MLflow parent run per flow run."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from prefect import flow, get_run_logger
+from prefect.runtime import flow_run
+
+from codemill import progress
+from codemill.config import PipelineConfig
+from codemill.store import ArtifactStore
+from codemill.tasks.common import RunContext, StageResult
+from codemill.tasks.evaluate import evaluate_task, plan_evaluate
+from codemill.tasks.ingest import fingerprint_sources_task, ingest_task, plan_ingest
+from codemill.tasks.tokenize import plan_tokenize, tokenize_task
+from codemill.tasks.train import plan_train, train_task
+
+
+def _run_name() -> str:
+    cfg = flow_run.parameters.get("config")
+    name = cfg.name if isinstance(cfg, PipelineConfig) else (cfg or {}).get("name", "codemill")
+    return f"{name}-{datetime.now(UTC):%Y%m%d-%H%M%S}"
+
+
+def _flow_run_url() -> str | None:
+    from prefect.settings import PREFECT_UI_URL
+
+    base = PREFECT_UI_URL.value()
+    return f"{base.rstrip('/')}/runs/flow-run/{flow_run.id}" if base and flow_run.id else None
+
+
+def run_stage_task(task, store: ArtifactStore, **params: Any) -> StageResult:
+    """Run a stage task; a Prefect cache hit whose artifact is gone from the store is recomputed."""
+    state = task(**params, return_state=True)
+    result: StageResult = state.result()
+    if state.name == "Cached" and not store.is_committed(result.ref):
+        state = task.with_options(refresh_cache=True)(**params, return_state=True)
+        result = state.result()
+    if state.name == "Cached":
+        result = result.model_copy(update={"status": "cached"})
+    progress.sink().stage(result.ref.stage, f"{result.status}: {result.ref.uri}")
+    return result
+
+
+@flow(name="pipeline", flow_run_name=_run_name, persist_result=True, log_prints=True)
+def pipeline(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:  # noqa: B008
+    """Corpus -> tokens -> checkpoint -> eval. Each stage is skipped when its artifact digest is in the store."""
+    logger = get_run_logger()
+    store = ArtifactStore(config.store_root, cache_dir=f"{config.work_dir}/cache")
+    ctx = RunContext(store_root=config.store_root, work_dir=config.work_dir,
+                     tracking_uri=config.mlflow_tracking_uri, experiment=config.name)
+    lineage = ctx.lineage()
+    parent = lineage.start_parent(flow_run.name or "pipeline", flow_run.id, _flow_run_url(),
+                                  config.model_dump(mode="json"))
+    ctx = ctx.model_copy(update={"parent_run_id": parent})
+    try:
+        sources = fingerprint_sources_task(config.ingest)
+        corpus = run_stage_task(ingest_task, store, ref=plan_ingest(store, config.ingest, sources), ctx=ctx,
+                                cfg=config.ingest, sources=sources)
+        tokens = run_stage_task(tokenize_task, store, ref=plan_tokenize(store, config.tokenize, corpus.ref),
+                                ctx=ctx, cfg=config.tokenize, corpus=corpus.ref)
+        model = run_stage_task(train_task, store, ref=plan_train(store, config.train, tokens.ref), ctx=ctx,
+                               cfg=config.train, tokens=tokens.ref)
+        evaluation = run_stage_task(
+            evaluate_task, store, ref=plan_evaluate(store, config.evaluate, model.ref, corpus.ref, tokens.ref),
+            ctx=ctx, cfg=config.evaluate, model=model.ref, model_id=model.model_id, corpus=corpus.ref,
+            tokens=tokens.ref)
+    except BaseException:
+        lineage.end_run(parent, failed=True)
+        raise
+    stages = {"ingest": corpus, "tokenize": tokens, "train": model, "evaluate": evaluation}
+    lineage.tag(parent, {**{f"codemill.{k}.status": v.status for k, v in stages.items()},
+                         **{f"codemill.{k}.digest": v.ref.digest for k, v in stages.items()},
+                         "codemill.model_id": model.model_id})
+    scores = {k: evaluation.summary[k] for k in ("val_bpb", "val_bpb_ci_low", "val_bpb_ci_high")}
+    lineage.log_metrics(parent, scores)
+    lineage.end_run(parent)
+    for name, st in stages.items():
+        logger.info("%-9s %-8s %s", name, st.status, st.ref.uri)
+    return {
+        "parent_run_id": parent,
+        "experiment_id": lineage.experiment_id,
+        "tracking_uri": config.mlflow_tracking_uri,
+        "flow_run_id": str(flow_run.id) if flow_run.id else None,
+        "model_id": model.model_id,
+        "scores": scores,
+        "stages": {k: v.model_dump(mode="json") for k, v in stages.items()},
+    }

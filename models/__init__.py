@@ -1,0 +1,1 @@
+"""codemill.models: model construction, the torchrun trainer, checkpoints, export. No Prefect here."""

@@ -1,0 +1,31 @@
+"""Building a Llama-style causal LM from the tiny/small configs."""
+
+from __future__ import annotations
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from codemill.config import ModelConfig
+
+
+def llama_config(cfg: ModelConfig, vocab_size: int, max_len: int, eos_id: int, pad_id: int) -> LlamaConfig:
+    return LlamaConfig(
+        vocab_size=vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_kv_heads, max_position_embeddings=max_len, rope_theta=cfg.rope_theta,
+        bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=pad_id, tie_word_embeddings=True,
+        attention_dropout=0.0,
+    )
+
+
+def build_model(cfg: ModelConfig, vocab_size: int, max_len: int, eos_id: int, pad_id: int,
+                seed: int) -> LlamaForCausalLM:
+    """Deterministic init: the same seed gives the same weights on every rank and machine."""
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(llama_config(cfg, vocab_size, max_len, eos_id, pad_id))
+    model.config.use_cache = False
+    return model
+
+
+def count_parameters(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())

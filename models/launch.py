@@ -1,0 +1,75 @@
+"""Launching the trainer under torchrun as a subprocess: own timeout, process-group kill, streamed output."""
+
+from __future__ import annotations
+
+import collections
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+
+class TrainingFailed(RuntimeError):
+    pass
+
+
+def torchrun_command(spec_path: str, nproc_per_node: int, extra_args: Sequence[str] = ()) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+            f"--nproc-per-node={nproc_per_node}", *extra_args, "-m", "codemill.models.trainer", spec_path]
+
+
+def threads_per_rank(nproc_per_node: int) -> int:
+    return max(1, (os.cpu_count() or 1) // nproc_per_node)
+
+
+def run_streaming(cmd: list[str], env: dict[str, str], timeout_s: float,
+                  on_line: Callable[[str], None], tail_lines: int = 60) -> None:
+    """Run cmd in its own session, calling on_line for each output line; kill the whole group on timeout.
+
+    A non-zero exit raises TrainingFailed carrying the last lines of output (the trainer's last error).
+    """
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            bufsize=1, start_new_session=True)
+    tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
+    timed_out = threading.Event()
+
+    def watchdog() -> None:
+        deadline = time.monotonic() + timeout_s
+        while proc.poll() is None:
+            if time.monotonic() > deadline:
+                timed_out.set()
+                kill_group(proc)
+                return
+            time.sleep(0.2)
+
+    threading.Thread(target=watchdog, daemon=True).start()
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            line = line.rstrip("\n")
+            tail.append(line)
+            on_line(line)
+        rc = proc.wait()
+    except BaseException:
+        kill_group(proc)
+        raise
+    if timed_out.is_set():
+        raise TrainingFailed(f"training timed out after {timeout_s:.0f}s; killed. Last output:\n"
+                             + "\n".join(tail))
+    if rc != 0:
+        raise TrainingFailed(f"torchrun exited with code {rc}. Last output:\n" + "\n".join(tail))
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    except ProcessLookupError:
+        pass

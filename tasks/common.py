@@ -1,0 +1,94 @@
+"""What every stage task shares: the run context, the result type, the cache key and skip-if-present."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from prefect.context import TaskRunContext
+from pydantic import BaseModel, Field
+
+from codemill.lineage import Lineage
+from codemill.store import ArtifactRef, ArtifactStore, Manifest, ArtifactWriter
+
+
+class RunContext(BaseModel):
+    """Where this flow run writes and logs. Not part of any cache key except the store root."""
+
+    store_root: str
+    work_dir: str
+    tracking_uri: str
+    experiment: str
+    parent_run_id: str | None = None
+
+    def store(self) -> ArtifactStore:
+        return ArtifactStore(self.store_root, cache_dir=Path(self.work_dir) / "cache")
+
+    def lineage(self) -> Lineage:
+        return Lineage(self.tracking_uri, self.experiment)
+
+
+class StageResult(BaseModel):
+    ref: ArtifactRef
+    status: str = Field(description="ran | present (found committed in the store)")
+    run_id: str | None = None
+    model_id: str | None = None
+    summary: dict[str, Any] = Field(default_factory=dict)
+
+
+def artifact_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
+    """The Prefect cache key is the artifact digest (plus the store it lives in)."""
+    ref: ArtifactRef = parameters["ref"]
+    ctx: RunContext = parameters["ctx"]
+    return f"codemill-{ref.stage}-{ref.digest}-{ArtifactStore(ctx.store_root).root_url.rstrip('/')}"
+
+
+Producer = Callable[[ArtifactWriter, str], Manifest]  # (writer, stage run id)
+Recorder = Callable[[Lineage, str, Manifest], dict[str, Any]]
+
+
+def run_stage(ctx: RunContext, ref: ArtifactRef, produce: Producer, record: Recorder,
+              summarize: Callable[[Manifest], dict[str, Any]]) -> StageResult:
+    """Skip if committed; else produce under a writer (manifest last). Then make sure MLflow knows it.
+
+    ``record`` logs the artifact's lineage on a stage run; it runs after a fresh produce, and also when the
+    artifact was already in the store but this tracking server has no run for it (e.g. a new MLflow DB).
+    """
+    store = ctx.store()
+    lineage = ctx.lineage()
+    status = "present"
+    if store.is_committed(ref):
+        manifest = store.read_manifest(ref)
+        run_id = existing_stage_run(lineage, ref)
+        extra: dict[str, Any] = {}
+        if run_id is None:
+            with lineage.stage_run(ctx.parent_run_id, ref.stage, ref.digest) as run_id:
+                lineage.tag(run_id, {"codemill.reregistered": "true"})
+                extra = record(lineage, run_id, manifest)
+        else:
+            extra = recorded_extras(lineage, run_id)
+    else:
+        status = "ran"
+        with lineage.stage_run(ctx.parent_run_id, ref.stage, ref.digest) as run_id:
+            with store.writer(ref) as writer:
+                manifest = produce(writer, run_id)
+            manifest = store.read_manifest(ref)
+            lineage.tag(run_id, {"codemill.output_uri": ref.uri})
+            extra = record(lineage, run_id, manifest)
+    return StageResult(ref=ref, status=status, run_id=run_id, model_id=extra.get("model_id"),
+                       summary={**summarize(manifest), **extra})
+
+
+def existing_stage_run(lineage: Lineage, ref: ArtifactRef) -> str | None:
+    runs = lineage.client.search_runs(
+        [lineage.experiment_id],
+        filter_string=f"tags.`codemill.output_digest` = '{ref.digest}' and tags.`codemill.stage` = '{ref.stage}'"
+                      " and attributes.status = 'FINISHED'",
+        max_results=1, order_by=["attributes.start_time ASC"])
+    return runs[0].info.run_id if runs else None
+
+
+def recorded_extras(lineage: Lineage, run_id: str) -> dict[str, Any]:
+    tags = lineage.client.get_run(run_id).data.tags
+    return {"model_id": tags["codemill.model_id"]} if "codemill.model_id" in tags else {}

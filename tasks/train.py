@@ -1,0 +1,97 @@
+"""Prefect task of the train stage: torchrun as a subprocess, the checkpoint as an MLflow LoggedModel."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from prefect import get_run_logger, task
+
+from codemill import progress
+from codemill.config import TrainConfig
+from codemill.hashing import stage_digest
+from codemill.lineage import Lineage
+from codemill.models.launch import run_streaming, threads_per_rank, torchrun_command
+from codemill.models.trainer import TrainSpec
+from codemill.store import ArtifactRef, ArtifactStore, ArtifactWriter, Manifest
+from codemill.tasks.common import RunContext, StageResult, artifact_cache_key, run_stage
+
+STAGE = "train"
+TRAIN_CODE_VERSION = "train-v1"
+
+
+def plan_train(store: ArtifactStore, cfg: TrainConfig, tokens: ArtifactRef) -> ArtifactRef:
+    digest = stage_digest(STAGE, TRAIN_CODE_VERSION, cfg.digest_config(), {"tokens": tokens.digest})
+    return store.ref(STAGE, "model", digest)
+
+
+def _summary(m: Manifest) -> dict[str, Any]:
+    return {k: m.stats[k] for k in ("params", "steps", "tokens_seen", "final_loss", "first_loss")}
+
+
+def _record(store: ArtifactStore, tokens: ArtifactRef, cfg: TrainConfig):
+    def record(lineage: Lineage, run_id: str, m: Manifest) -> dict[str, Any]:
+        lineage.log_dataset_input(run_id, tokens, "training", name="tokens")
+        lineage.log_params(run_id, {"train": m.config})
+        ref = store.ref(m.stage, m.name, m.digest)
+        model_id = lineage.find_model(m.digest)
+        if model_id is None:
+            hf_dir = store.local_path(ref) / "hf"
+            model_id = lineage.log_checkpoint(run_id, ref, hf_dir, tokens, step=m.stats["steps"],
+                                              params={"train": m.config})
+        lineage.client.log_metric(run_id, "final_train_loss", m.stats["final_loss"], step=m.stats["steps"],
+                                  model_id=model_id, dataset_name="tokens", dataset_digest=tokens.digest)
+        lineage.tag(run_id, {"codemill.model_id": model_id})
+        return {"model_id": model_id}
+    return record
+
+
+@task(name="train", cache_key_fn=artifact_cache_key, persist_result=True, cache_result_in_memory=False)
+def train_task(ref: ArtifactRef, ctx: RunContext, cfg: TrainConfig, tokens: ArtifactRef) -> StageResult:
+    logger = get_run_logger()
+    store = ctx.store()
+
+    def produce(w: ArtifactWriter, run_id: str) -> Manifest:
+        tok_dir = store.local_path(tokens)
+        tok_stats = store.read_manifest(tokens).stats
+        ckpt_dir = Path(ctx.work_dir).absolute() / "train" / f"{ref.name}-{ref.short}" / "checkpoints"
+        spec = TrainSpec(train=cfg, tokens_dir=str(tok_dir / "train"), tokenizer_dir=str(tok_dir / "tokenizer"),
+                         out_dir=str(w.dir), ckpt_dir=str(ckpt_dir), vocab_size=tok_stats["vocab_size"],
+                         eos_id=tok_stats["eos_id"], pad_id=tok_stats["eos_id"] + 1, seq_len=tok_stats["seq_len"])
+        spec_path = w.dir.parent / f"{w.dir.name}.spec.json"
+        spec_path.write_text(spec.model_dump_json())
+        env = {**os.environ, "MLFLOW_TRACKING_URI": ctx.tracking_uri, "MLFLOW_RUN_ID": run_id,
+               "OMP_NUM_THREADS": str(threads_per_rank(cfg.nproc_per_node)), "PYTHONUNBUFFERED": "1"}
+        progress.sink().stage(STAGE, f"torchrun x{cfg.nproc_per_node}")
+        try:
+            run_streaming(torchrun_command(str(spec_path), cfg.nproc_per_node), env, cfg.timeout_s,
+                          on_line=lambda line: _on_trainer_line(logger, line))
+        finally:
+            spec_path.unlink(missing_ok=True)
+        summary = json.loads((w.dir / "train_summary.json").read_text())
+        stats = {k: summary[k] for k in ("params", "world_size", "steps", "tokens_per_step", "tokens_seen",
+                                         "final_loss", "resumed_from", "wall_s")}
+        stats["first_loss"] = summary["losses"][0] if summary["losses"] else None
+        manifest = w.finish(code_version=TRAIN_CODE_VERSION, config=cfg.digest_config(),
+                            inputs={"tokens": tokens}, stats=stats)
+        shutil.rmtree(ckpt_dir.parent, ignore_errors=True)  # the committed export supersedes them
+        return manifest
+
+    return run_stage(ctx, ref, produce, _record(store, tokens, cfg), _summary)
+
+
+def _on_trainer_line(logger, line: str) -> None:
+    if line.startswith("{"):
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError:
+            event = None
+        if event and event.get("event") == "step":
+            progress.sink().update(STAGE, event["step"], event["max_steps"])
+            logger.info("step %d/%d loss %.4f lr %.2e %.0f tok/s", event["step"], event["max_steps"],
+                        event["train_loss"], event["lr"], event["tokens_per_s"])
+            return
+    logger.info("%s", line)
