@@ -19,6 +19,11 @@ app = typer.Typer(help="codemill: code corpus -> tokens -> checkpoints -> evalua
                   no_args_is_help=True, add_completion=False)
 console = Console()
 
+# The ephemeral Prefect server's first start runs its database migrations, which takes longer than the
+# 20 s default on a small machine; analytics would only try to reach the network.
+PREFECT_DEFAULTS = {"PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
+                    "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+
 
 class RichSink:
     """Shows one progress line per stage; updates arrive from the tasks (same process)."""
@@ -29,14 +34,14 @@ class RichSink:
 
     def _row(self, name: str) -> TaskID:
         if name not in self.rows:
-            self.rows[name] = self.bar.add_task(name, total=None, status="")
+            self.rows[name] = self.bar.add_task(name, total=None, status="", count="")
         return self.rows[name]
 
     def stage(self, name: str, message: str) -> None:
         self.bar.update(self._row(name), status=message)
 
     def update(self, name: str, done: int, total: int) -> None:
-        self.bar.update(self._row(name), completed=done, total=total)
+        self.bar.update(self._row(name), completed=done, total=total, count=f"{done}/{total}")
 
 
 def build_config(config: Path | None, preset: str, sources: list[Path] | None, store: str | None) -> PipelineConfig:
@@ -61,11 +66,13 @@ def run(
     """Run the whole pipeline: ingest -> tokenize -> train -> evaluate."""
     cfg = build_config(config, preset, source, store)
     os.environ.setdefault("MLFLOW_TRACKING_URI", cfg.mlflow_tracking_uri)
+    for key, value in PREFECT_DEFAULTS.items():
+        os.environ.setdefault(key, value)
     from codemill.flows.pipeline import pipeline
 
     t0 = time.perf_counter()
     with Progress(SpinnerColumn(), TextColumn("[bold]{task.description:<9}"), BarColumn(),
-                  TextColumn("{task.completed}/{task.total}"), TextColumn("{task.fields[status]}"),
+                  TextColumn("{task.fields[count]}"), TextColumn("{task.fields[status]}"),
                   TimeElapsedColumn(), console=console, transient=False) as bar:
         progress.set_sink(RichSink(bar))
         try:

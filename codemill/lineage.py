@@ -32,6 +32,12 @@ TAG_OUTPUT_URI = "codemill.output_uri"
 TAG_FLOW_RUN = "prefect.flow_run_id"
 TAG_FLOW_RUN_URL = "prefect.flow_run_url"
 MAX_TAG = 5000
+MLFLOW_DIGEST_CHARS = 32  # MLflow caps dataset digests at 36 chars; 32 hex = 128 bits of the sha256
+
+
+def mlflow_digest(digest: str) -> str:
+    """The store digest as MLflow can hold it (a prefix); the full one is in the dataset's tags/run tags."""
+    return digest[:MLFLOW_DIGEST_CHARS]
 
 
 class Lineage:
@@ -106,7 +112,7 @@ class Lineage:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             source = resolve_dataset_source(ref.uri)
-        return MetaDataset(source=source, name=name or f"{ref.stage}:{ref.name}", digest=ref.digest)
+        return MetaDataset(source=source, name=name or f"{ref.stage}:{ref.name}", digest=mlflow_digest(ref.digest))
 
     def log_dataset_input(self, run_id: str, ref: ArtifactRef, context: str, name: str | None = None) -> None:
         entity = self.dataset(ref, name)._to_mlflow_entity()
@@ -140,7 +146,7 @@ class Lineage:
         self.log_dataset_input(run_id, dataset_ref, "eval", name=dataset_name)
         for k, v in metrics.items():
             self.client.log_metric(run_id, k, float(v), step=0, model_id=model_id,
-                                   dataset_name=dataset_name, dataset_digest=dataset_ref.digest)
+                                   dataset_name=dataset_name, dataset_digest=mlflow_digest(dataset_ref.digest))
 
 
 def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -7,7 +7,6 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import polars as pl
-
 from codemill.data.local_source import SourceFile
 
 CORPUS_SCHEMA = {

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from codemill.data.globs import dir_excluded, matches_any
+
 from codemill.hashing import sha256_file
 
 BINARY_SNIFF_BYTES = 8192
@@ -75,7 +76,7 @@ def iter_candidates(root: Path, include: list[str], exclude: list[str],
         for d in sorted(dirnames):
             rel = f"{reldir}/{d}" if reldir else d
             if os.path.islink(os.path.join(dirpath, d)):
-                if on_error is not None and matches_any(f"{rel}/x", include):
+                if on_error is not None:
                     on_error.reject(rel, "symlinked_dir_not_followed")
                 continue
             if not dir_excluded(rel, exclude):

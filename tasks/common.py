@@ -10,7 +10,7 @@ from prefect.context import TaskRunContext
 from pydantic import BaseModel, Field
 
 from codemill.lineage import Lineage
-from codemill.store import ArtifactRef, ArtifactStore, Manifest, ArtifactWriter
+from codemill.store import ArtifactRef, ArtifactStore, ArtifactWriter, Manifest
 
 
 class RunContext(BaseModel):

@@ -8,16 +8,16 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from codemill.models.launch import run_streaming, threads_per_rank, torchrun_command
+from codemill.models.trainer import TrainSpec
+from codemill.tasks.common import RunContext, StageResult, artifact_cache_key, run_stage
 from prefect import get_run_logger, task
 
 from codemill import progress
 from codemill.config import TrainConfig
 from codemill.hashing import stage_digest
-from codemill.lineage import Lineage
-from codemill.models.launch import run_streaming, threads_per_rank, torchrun_command
-from codemill.models.trainer import TrainSpec
+from codemill.lineage import Lineage, mlflow_digest
 from codemill.store import ArtifactRef, ArtifactStore, ArtifactWriter, Manifest
-from codemill.tasks.common import RunContext, StageResult, artifact_cache_key, run_stage
 
 STAGE = "train"
 TRAIN_CODE_VERSION = "train-v1"
@@ -43,7 +43,7 @@ def _record(store: ArtifactStore, tokens: ArtifactRef, cfg: TrainConfig):
             model_id = lineage.log_checkpoint(run_id, ref, hf_dir, tokens, step=m.stats["steps"],
                                               params={"train": m.config})
         lineage.client.log_metric(run_id, "final_train_loss", m.stats["final_loss"], step=m.stats["steps"],
-                                  model_id=model_id, dataset_name="tokens", dataset_digest=tokens.digest)
+                                  model_id=model_id, dataset_name="tokens", dataset_digest=mlflow_digest(tokens.digest))
         lineage.tag(run_id, {"codemill.model_id": model_id})
         return {"model_id": model_id}
     return record
@@ -64,7 +64,8 @@ def train_task(ref: ArtifactRef, ctx: RunContext, cfg: TrainConfig, tokens: Arti
         spec_path = w.dir.parent / f"{w.dir.name}.spec.json"
         spec_path.write_text(spec.model_dump_json())
         env = {**os.environ, "MLFLOW_TRACKING_URI": ctx.tracking_uri, "MLFLOW_RUN_ID": run_id,
-               "OMP_NUM_THREADS": str(threads_per_rank(cfg.nproc_per_node)), "PYTHONUNBUFFERED": "1"}
+               "OMP_NUM_THREADS": str(threads_per_rank(cfg.nproc_per_node)), "PYTHONUNBUFFERED": "1",
+               "TQDM_DISABLE": "1"}
         progress.sink().stage(STAGE, f"torchrun x{cfg.nproc_per_node}")
         try:
             run_streaming(torchrun_command(str(spec_path), cfg.nproc_per_node), env, cfg.timeout_s,

@@ -1,0 +1,38 @@
+import numpy as np
+from codemill.data.pack import Packer, ShardWriter, open_token_shards, pack_documents, token_dtype
+from codemill.data.tokenizer import EOS_TOKEN, train_bpe
+
+
+def test_dtype_by_vocab():
+    assert token_dtype(4096) == np.uint16 and token_dtype(65536) == np.uint16
+    assert token_dtype(65537) == np.uint32
+
+
+def test_packing_inserts_eos_and_cuts_fixed_rows():
+    rows = list(pack_documents([[1, 2, 3], [4, 5], [6, 7, 8, 9]], eos_id=0, seq_len=4))
+    assert [r.tolist() for r in rows] == [[1, 2, 3, 0], [4, 5, 0, 6], [7, 8, 9, 0]]
+
+
+def test_packer_reports_leftover():
+    p = Packer(eos_id=0, seq_len=5)
+    out = [r.tolist() for ids in ([1, 2, 3], [4, 5, 6]) for r in p.add(ids)]
+    assert out == [[1, 2, 3, 0, 4]] and p.leftover == 3
+
+
+def test_shard_writer_memmaps(tmp_path):
+    w = ShardWriter(tmp_path / "train", seq_len=3, dtype=np.dtype(np.uint16), rows_per_shard=2)
+    for i in range(5):
+        w.add(np.array([i, i, i]))
+    w.flush()
+    shards = open_token_shards(tmp_path / "train")
+    assert [s.shape for s in shards] == [(2, 3), (2, 3), (1, 3)]
+    assert isinstance(shards[0], np.memmap) and shards[0].dtype == np.uint16
+    assert shards[2][0].tolist() == [4, 4, 4]
+
+
+def test_bpe_is_lossless_and_has_eos():
+    texts = ["def f(x):\n    return x + 1\n", "class A:\n\tpass  # café ✓\n"] * 20
+    tok = train_bpe(texts, vocab_size=300, min_frequency=2)
+    assert tok.token_to_id(EOS_TOKEN) == 0
+    for t in texts[:2]:
+        assert tok.decode(tok.encode(t, add_special_tokens=False).ids) == t
