@@ -13,7 +13,8 @@ from codemill.data.local_source import (
 
 @pytest.mark.parametrize(("path", "pattern", "expected"), [
     ("a.py", "**/*.py", True), ("x/y/a.py", "**/*.py", True), ("a.pyc", "**/*.py", False),
-    ("test/a.py", "test/**", True), ("x/test/a.py", "test/**", False), ("x/__pycache__/a.py", "**/__pycache__/**", True),
+    ("test/a.py", "test/**", True), ("x/test/a.py", "test/**", False),
+    ("x/__pycache__/a.py", "**/__pycache__/**", True),
 ])
 def test_globs(path, pattern, expected):
     assert matches_any(path, [pattern]) is expected

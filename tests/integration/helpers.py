@@ -1,0 +1,30 @@
+"""Small configs for integration tests: the tiny preset, shrunk to a small corpus and a few steps."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from codemill.config import PipelineConfig, SourceConfig, load_preset
+
+
+def small_pipeline_config(corpus: Path, tmp: Path, *, max_steps: int = 40) -> PipelineConfig:
+    cfg = load_preset("tiny")
+    cfg.name = f"test-{tmp.name}"
+    cfg.store_root = str(tmp / "store")
+    cfg.work_dir = str(tmp / "work")
+    cfg.mlflow_tracking_uri = f"sqlite:///{tmp / 'mlflow.db'}"
+    cfg.ingest.sources = [SourceConfig(path=str(corpus))]
+    cfg.ingest.val_fraction = 0.3
+    cfg.ingest.shard_max_rows = 40
+    cfg.tokenize.vocab_size = 1024
+    cfg.tokenize.seq_len = 128
+    cfg.tokenize.sequences_per_shard = 500
+    cfg.train.max_steps = max_steps
+    cfg.train.warmup_steps = 5
+    cfg.train.checkpoint_every = 20
+    cfg.train.log_every = 5
+    cfg.train.timeout_s = 600
+    cfg.evaluate.max_files = 40
+    cfg.evaluate.context_len = 128
+    cfg.evaluate.bootstrap_samples = 300
+    return cfg
