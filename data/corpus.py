@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import polars as pl
+
 from codemill.data.local_source import SourceFile
 
 CORPUS_SCHEMA = {

@@ -9,10 +9,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from codemill.config import IngestConfig, SourceConfig
 from codemill.data.corpus import build_corpus_table, split_key, write_shards
 from codemill.data.local_source import check_source_root, fingerprint_source, scan_source
-
-from codemill.config import IngestConfig, SourceConfig
 
 INGEST_CODE_VERSION = "ingest-v1"
 

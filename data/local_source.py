@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from codemill.data.globs import dir_excluded, matches_any
-
 from codemill.hashing import sha256_file
 
 BINARY_SNIFF_BYTES = 8192

@@ -5,11 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from codemill.config import TokenizeConfig
 from codemill.data.corpus import read_split
 from codemill.data.pack import Packer, ShardWriter, token_dtype
 from codemill.data.tokenizer import EOS_TOKEN, save_tokenizer, train_bpe
-
-from codemill.config import TokenizeConfig
 
 TOKENIZE_CODE_VERSION = "tokenize-v1"
 

@@ -7,12 +7,12 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import torch
+
+from codemill.config import EvalConfig
 from codemill.data.corpus import read_split
 from codemill.data.tokenizer import EOS_TOKEN, PAD_TOKEN, load_tokenizer
 from codemill.evals.bpb import file_nll, nats_to_bits
 from codemill.evals.stats import bootstrap_ratio_ci
-
-from codemill.config import EvalConfig
 
 EVAL_CODE_VERSION = "eval-bpb-v1"
 

@@ -5,17 +5,17 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from codemill.tasks.common import RunContext, StageResult
-from codemill.tasks.evaluate import evaluate_task, plan_evaluate
-from codemill.tasks.ingest import fingerprint_sources_task, ingest_task, plan_ingest
-from codemill.tasks.tokenize import plan_tokenize, tokenize_task
-from codemill.tasks.train import plan_train, train_task
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
 from codemill import progress
 from codemill.config import PipelineConfig
 from codemill.store import ArtifactStore
+from codemill.tasks.common import RunContext, StageResult
+from codemill.tasks.evaluate import evaluate_task, plan_evaluate
+from codemill.tasks.ingest import fingerprint_sources_task, ingest_task, plan_ingest
+from codemill.tasks.tokenize import plan_tokenize, tokenize_task
+from codemill.tasks.train import plan_train, train_task
 
 
 def _run_name() -> str:

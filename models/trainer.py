@@ -19,14 +19,14 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
+from pydantic import BaseModel
+
+from codemill.config import TrainConfig
 from codemill.data.pack import open_token_shards
 from codemill.models import checkpoint as ckpt
 from codemill.models.build import build_model, count_parameters
 from codemill.models.data_order import SequenceOrder, gather_rows
 from codemill.models.schedule import cosine_with_warmup
-from pydantic import BaseModel
-
-from codemill.config import TrainConfig
 
 
 class TrainSpec(BaseModel):

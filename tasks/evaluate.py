@@ -5,15 +5,15 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from codemill.evals.bpb_suite import EVAL_CODE_VERSION, load_val_files, score_bpb
-from codemill.tasks.common import RunContext, StageResult, artifact_cache_key, run_stage
 from prefect import get_run_logger, task
 
 from codemill import progress
 from codemill.config import EvalConfig
+from codemill.evals.bpb_suite import EVAL_CODE_VERSION, load_val_files, score_bpb
 from codemill.hashing import stage_digest
 from codemill.lineage import Lineage
 from codemill.store import ArtifactRef, ArtifactStore, ArtifactWriter, Manifest
+from codemill.tasks.common import RunContext, StageResult, artifact_cache_key, run_stage
 
 STAGE = "evaluate"
 METRICS = ("val_bpb", "val_bpb_ci_low", "val_bpb_ci_high")

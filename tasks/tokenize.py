@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from codemill.data.tokenize_stage import TOKENIZE_CODE_VERSION, run_tokenize
-from codemill.tasks.common import RunContext, StageResult, artifact_cache_key, run_stage
 from prefect import get_run_logger, task
 
 from codemill import progress
 from codemill.config import TokenizeConfig
+from codemill.data.tokenize_stage import TOKENIZE_CODE_VERSION, run_tokenize
 from codemill.hashing import stage_digest
 from codemill.lineage import Lineage
 from codemill.store import ArtifactRef, ArtifactStore, ArtifactWriter, Manifest
+from codemill.tasks.common import RunContext, StageResult, artifact_cache_key, run_stage
 
 STAGE = "tokenize"
 

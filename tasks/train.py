@@ -8,16 +8,16 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from codemill.models.launch import run_streaming, threads_per_rank, torchrun_command
-from codemill.models.trainer import TrainSpec
-from codemill.tasks.common import RunContext, StageResult, artifact_cache_key, run_stage
 from prefect import get_run_logger, task
 
 from codemill import progress
 from codemill.config import TrainConfig
 from codemill.hashing import stage_digest
 from codemill.lineage import Lineage, mlflow_digest
+from codemill.models.launch import run_streaming, threads_per_rank, torchrun_command
+from codemill.models.trainer import TrainSpec
 from codemill.store import ArtifactRef, ArtifactStore, ArtifactWriter, Manifest
+from codemill.tasks.common import RunContext, StageResult, artifact_cache_key, run_stage
 
 STAGE = "train"
 TRAIN_CODE_VERSION = "train-v1"

@@ -3,6 +3,7 @@ import math
 import numpy as np
 import pytest
 import torch
+
 from codemill.evals.bpb import bits_per_byte, file_nll, windows_for
 from codemill.evals.stats import bootstrap_ratio_ci
 

@@ -1,4 +1,5 @@
 import polars as pl
+
 from codemill.data.corpus import assign_split, build_corpus_table, read_split, split_key, write_shards
 from codemill.data.local_source import SourceFile
 

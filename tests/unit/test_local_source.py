@@ -1,6 +1,7 @@
 import os
 
 import pytest
+
 from codemill.data.globs import dir_excluded, matches_any
 from codemill.data.local_source import (
     SourceNotFoundError,

@@ -1,4 +1,5 @@
 import numpy as np
+
 from codemill.data.pack import Packer, ShardWriter, open_token_shards, pack_documents, token_dtype
 from codemill.data.tokenizer import EOS_TOKEN, train_bpe
 

@@ -3,6 +3,7 @@ import time
 
 import numpy as np
 import pytest
+
 from codemill.models.data_order import SequenceOrder, gather_rows
 from codemill.models.launch import TrainingFailed, run_streaming
 from codemill.models.schedule import cosine_with_warmup
