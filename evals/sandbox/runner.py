@@ -1,0 +1,219 @@
+"""bubblewrap sandbox: no network, read-only system, private tmpfs work dir, own PID namespace, cleared env.
+
+Layers, outermost first:
+1. A wall clock in the parent that SIGKILLs the whole process group (bwrap runs in its own session).
+2. rlimits (CPU, address space, file size, open files, processes, no core dumps) set before exec.
+3. bwrap: new pid/net/ipc/uts/cgroup (and, unprivileged, user) namespaces, ``--die-with-parent``, ``--new-session``,
+   ``--clearenv``, all capabilities dropped, only the system and interpreter directories bound read-only,
+   and a size-capped tmpfs as the work dir. When the program exits, the PID namespace dies with it, so no
+   background process outlives it.
+4. When codemill runs as root, bwrap sets up the mounts as root (it can bind an interpreter under /root)
+   and ``setpriv`` then drops to a dedicated uid per worker slot with no capabilities, an empty bounding
+   set and no-new-privs. A uid of its own matters: the kernel exempts root, and user namespaces mapped to
+   root, from RLIMIT_NPROC, so only a real unprivileged uid makes the fork-bomb limit bite, per sandbox.
+
+``probe()`` must succeed before anything runs: the sandbox fails closed. ``unsafe`` mode (explicit opt-in)
+keeps the rlimits, the clock and a throwaway work dir, but no isolation.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+
+from codemill.evals.sandbox.limits import Limits
+
+SANDBOX_UID_BASE = 61000
+OUTPUT_TAIL = 4000
+
+
+class SandboxUnavailable(RuntimeError):
+    pass
+
+
+class Outcome(StrEnum):
+    PASSED = "passed"
+    FAILED = "failed"
+    TIMED_OUT = "timed_out"
+    KILLED_MEMORY = "killed_memory"
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    outcome: Outcome
+    returncode: int
+    error: str
+    duration_s: float
+    stdout: str = ""
+
+    @property
+    def passed(self) -> bool:
+        return self.outcome is Outcome.PASSED
+
+
+def _interpreter_dirs() -> list[str]:
+    exe = os.path.realpath(sys.executable)
+    dirs = {os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix), os.path.dirname(exe)}
+    return sorted(d for d in dirs if not d.startswith("/usr/"))
+
+
+def _system_mounts() -> list[str]:
+    args = ["--ro-bind", "/usr", "/usr"]
+    for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+        if os.path.islink(top):
+            args += ["--symlink", os.readlink(top), top]
+        elif os.path.isdir(top):
+            args += ["--ro-bind", top, top]
+    return args
+
+
+class Sandbox:
+    def __init__(self, limits: Limits | None = None, *, unsafe: bool = False,
+                 python: str | None = None) -> None:
+        self.limits = limits or Limits()
+        self.unsafe = unsafe
+        self.python = python or os.path.realpath(sys.executable)
+        self.bwrap = shutil.which("bwrap")
+        self.setpriv = shutil.which("setpriv")
+        self.as_root = os.geteuid() == 0
+
+    # --- the command -----------------------------------------------------------------------------------
+    def command(self, slot: int = 0) -> list[str]:
+        py = [self.python, "-I", "-S", "-B", "-"]
+        if self.unsafe:
+            return py
+        if self.bwrap is None:
+            raise SandboxUnavailable("bubblewrap (bwrap) is not installed (Debian/Ubuntu: apt-get install "
+                                     "bubblewrap)")
+        if self.as_root:
+            if self.setpriv is None:
+                raise SandboxUnavailable("setpriv (util-linux) is needed to drop root inside the sandbox")
+            namespaces = ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
+                          "--unshare-cgroup-try"]
+            uid = str(SANDBOX_UID_BASE + slot)
+            drop = [self.setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all",
+                    "--bounding-set=-all", "--no-new-privs", "--"]
+        else:
+            namespaces, drop = ["--unshare-all", "--cap-drop", "ALL"], []
+        args = [self.bwrap, *namespaces, "--die-with-parent", "--new-session", "--clearenv", "--hostname",
+                "sandbox", *_system_mounts()]
+        for d in _interpreter_dirs():
+            args += ["--ro-bind", d, d]
+        size = str(self.limits.tmpfs_bytes)
+        args += ["--proc", "/proc", "--dev", "/dev",
+                 "--perms", "1777", "--size", size, "--tmpfs", "/tmp",
+                 "--perms", "1777", "--size", size, "--tmpfs", "/work", "--chdir", "/work",
+                 "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/work",
+                 "--setenv", "PYTHONHASHSEED", "0", "--"]
+        return args + drop + py
+
+    def _preexec(self, slot: int):
+        limits, uid = self.limits, SANDBOX_UID_BASE + slot
+        drop_here = self.as_root and self.unsafe  # with bwrap, setpriv drops root after the mounts
+
+        def setup() -> None:
+            if drop_here:
+                os.setgroups([])
+                os.setgid(uid)
+                os.setuid(uid)
+            limits.apply()
+
+        return setup
+
+    # --- running ---------------------------------------------------------------------------------------
+    def probe(self) -> None:
+        """Fail closed: start one sandbox and check it runs Python and has no network."""
+        if self.unsafe:
+            return
+        program = ("import socket\ns = socket.socket()\ns.settimeout(1)\n"
+                   "try:\n    s.connect(('1.1.1.1', 53))\n    print('NETWORK')\nexcept OSError:\n"
+                   "    print('ISOLATED')\n")
+        try:
+            res = self.run(program)
+        except (OSError, SandboxUnavailable) as exc:
+            raise SandboxUnavailable(f"the sandbox cannot start: {exc}") from exc
+        if res.stdout.strip() != "ISOLATED":
+            raise SandboxUnavailable(f"the sandbox did not start or is not isolated (outcome {res.outcome}, "
+                                     f"exit {res.returncode}): {res.error or res.stdout}"[:2000])
+
+    def run(self, program: str, slot: int = 0) -> ExecResult:
+        """Run one program (Python source on stdin); exit status 0 means passed."""
+        with tempfile.TemporaryDirectory(prefix="codemill-sbx-") as tmp:
+            out_path, err_path = Path(tmp) / "out", Path(tmp) / "err"
+            cwd = tmp
+            if self.unsafe:
+                cwd = os.path.join(tmp, "work")
+                os.mkdir(cwd)
+            if self.as_root:
+                os.chmod(tmp, 0o711)
+                if self.unsafe:
+                    os.chown(cwd, SANDBOX_UID_BASE + slot, SANDBOX_UID_BASE + slot)
+            with open(out_path, "wb") as out, open(err_path, "wb") as err:
+                t0 = time.monotonic()
+                proc = subprocess.Popen(self.command(slot), stdin=subprocess.PIPE, stdout=out, stderr=err,
+                                        cwd=cwd, env={"PATH": "/usr/bin:/bin"} if self.unsafe else {},
+                                        preexec_fn=self._preexec(slot), start_new_session=True)
+            with proc:
+                timed_out = False
+                try:
+                    proc.communicate(program.encode(), timeout=self.limits.wall_s)
+                except subprocess.TimeoutExpired:
+                    timed_out = True
+                    _kill_group(proc)
+                except BrokenPipeError:
+                    proc.wait()
+                duration = time.monotonic() - t0
+            stdout = _tail(out_path)
+            stderr = _tail(err_path)
+        return classify(proc.returncode, stderr, stdout, duration, timed_out)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def _tail(path: Path) -> str:
+    with open(path, "rb") as fh:
+        fh.seek(0, os.SEEK_END)
+        size = fh.tell()
+        fh.seek(max(0, size - OUTPUT_TAIL))
+        return fh.read().decode("utf-8", errors="replace")
+
+
+def last_error_line(stderr: str) -> str:
+    lines = [ln for ln in stderr.strip().splitlines() if ln.strip()]
+    return lines[-1].strip() if lines else ""
+
+
+CPU_LIMIT_SIGNALS = {signal.SIGXCPU, signal.SIGKILL}
+
+
+def classify(returncode: int, stderr: str, stdout: str, duration: float, timed_out: bool) -> ExecResult:
+    """Map how the program ended to an outcome. bwrap reports a child killed by signal N as 128+N."""
+    error = last_error_line(stderr)
+    if timed_out:
+        return ExecResult(Outcome.TIMED_OUT, returncode, error or "wall-clock limit", duration, stdout)
+    if returncode == 0:
+        return ExecResult(Outcome.PASSED, 0, "", duration, stdout)
+    sig = -returncode if returncode < 0 else (returncode - 128 if returncode > 128 else 0)
+    if sig in CPU_LIMIT_SIGNALS:
+        return ExecResult(Outcome.TIMED_OUT, returncode, error or f"killed by {signal.Signals(sig).name}",
+                          duration, stdout)
+    if error.startswith("MemoryError") or "Cannot allocate memory" in error:
+        return ExecResult(Outcome.KILLED_MEMORY, returncode, error, duration, stdout)
+    if sig:
+        return ExecResult(Outcome.FAILED, returncode, error or f"killed by {signal.Signals(sig).name}",
+                          duration, stdout)
+    return ExecResult(Outcome.FAILED, returncode, error, duration, stdout)
