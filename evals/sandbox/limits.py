@@ -16,7 +16,7 @@ from dataclasses import dataclass
 class Limits:
     wall_s: float = 10.0
     cpu_s: int = 10
-    memory_bytes: int = 2 << 30  # address space (RLIMIT_AS)
+    memory_bytes: int = 1 << 30  # address space (RLIMIT_AS); HumanEval checks need well under 100 MB
     file_bytes: int = 16 << 20  # largest file the program may write (RLIMIT_FSIZE)
     open_files: int = 64
     processes: int = 32  # per sandbox uid (RLIMIT_NPROC): stops fork bombs

@@ -13,11 +13,13 @@ Layers, outermost first:
    root, from RLIMIT_NPROC, so only a real unprivileged uid makes the fork-bomb limit bite, per sandbox.
 
 ``probe()`` must succeed before anything runs: the sandbox fails closed. ``unsafe`` mode (explicit opt-in)
-keeps the rlimits, the clock and a throwaway work dir, but no isolation.
+keeps the rlimits, the clock, a cleared environment and a throwaway work dir, but no isolation and no uid
+change (as root the process limit then does not apply).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -116,14 +118,9 @@ class Sandbox:
         return args + drop + py
 
     def _preexec(self, slot: int):
-        limits, uid = self.limits, SANDBOX_UID_BASE + slot
-        drop_here = self.as_root and self.unsafe  # with bwrap, setpriv drops root after the mounts
+        limits = self.limits
 
         def setup() -> None:
-            if drop_here:
-                os.setgroups([])
-                os.setgid(uid)
-                os.setuid(uid)
             limits.apply()
 
         return setup
@@ -152,10 +149,6 @@ class Sandbox:
             if self.unsafe:
                 cwd = os.path.join(tmp, "work")
                 os.mkdir(cwd)
-            if self.as_root:
-                os.chmod(tmp, 0o711)
-                if self.unsafe:
-                    os.chown(cwd, SANDBOX_UID_BASE + slot, SANDBOX_UID_BASE + slot)
             with open(out_path, "wb") as out, open(err_path, "wb") as err:
                 t0 = time.monotonic()
                 proc = subprocess.Popen(self.command(slot), stdin=subprocess.PIPE, stdout=out, stderr=err,
@@ -177,10 +170,8 @@ class Sandbox:
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
     proc.wait()
 
 

@@ -1,0 +1,168 @@
+"""Each hostile program runs for real in the bubblewrap sandbox; each is contained and reported correctly."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from codemill.evals.sandbox import Limits, Outcome, Sandbox, SandboxUnavailable
+
+pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
+
+FAST = Limits(wall_s=4.0, cpu_s=3, memory_bytes=512 << 20)
+
+
+@pytest.fixture(scope="module")
+def sandbox() -> Sandbox:
+    sb = Sandbox(FAST)
+    sb.probe()
+    return sb
+
+
+def _processes_matching(marker: str) -> list[str]:
+    out = subprocess.run(["ps", "-eo", "pid,stat,args"], capture_output=True, text=True).stdout
+    return [ln for ln in out.splitlines() if marker in ln and " Z" not in ln and "ps -eo" not in ln]
+
+
+def _eventually_none(marker: str, timeout: float = 5.0) -> list[str]:
+    deadline = time.monotonic() + timeout
+    while (left := _processes_matching(marker)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
+
+
+def test_ordinary_program_passes_and_failure_is_reported(sandbox):
+    ok = sandbox.run("assert sum(range(10)) == 45\nprint('fine')")
+    assert ok.outcome is Outcome.PASSED and ok.stdout == "fine\n"
+    bad = sandbox.run("def f():\n    raise KeyError('missing')\nf()")
+    assert bad.outcome is Outcome.FAILED and bad.error == "KeyError: 'missing'"
+
+
+def test_fork_bomb_is_capped_and_cleaned_up(sandbox):
+    res = sandbox.run("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n")
+    assert res.outcome is Outcome.TIMED_OUT
+    assert _eventually_none(" -I -S -B -") == [], "fork-bomb processes outlived the sandbox"
+    # the host can still start processes
+    assert subprocess.run(["true"]).returncode == 0
+
+
+def test_fork_count_is_limited_per_sandbox(sandbox):
+    res = sandbox.run("import os, time\nn = 0\nwhile True:\n    try:\n        pid = os.fork()\n"
+                      "    except OSError:\n        break\n    if pid == 0:\n        time.sleep(20)\n"
+                      "        os._exit(0)\n    n += 1\nprint(n)")
+    assert res.outcome is Outcome.PASSED
+    assert int(res.stdout) < FAST.processes
+
+
+def test_memory_bomb_is_killed_for_memory(sandbox):
+    res = sandbox.run("blocks = []\nwhile True:\n    blocks.append(bytearray(256 << 20))")
+    assert res.outcome is Outcome.KILLED_MEMORY
+    assert sandbox.run("x = bytearray(64 << 30)").outcome is Outcome.KILLED_MEMORY
+
+
+def test_infinite_loop_in_python_times_out(sandbox):
+    t0 = time.monotonic()
+    res = sandbox.run("while True:\n    pass")
+    assert res.outcome is Outcome.TIMED_OUT
+    assert time.monotonic() - t0 < FAST.wall_s + 3
+
+
+def test_infinite_loop_in_c_code_times_out(sandbox):
+    # catastrophic regex backtracking runs inside the C regex engine, which never checks for signals
+    res = sandbox.run("import re\nre.match(r'(a+)+$', 'a' * 64 + 'b')")
+    assert res.outcome is Outcome.TIMED_OUT
+
+
+def test_catching_the_timeout_signals_does_not_help(sandbox):
+    res = sandbox.run("import signal, time\nfor s in (signal.SIGTERM, signal.SIGALRM, signal.SIGXCPU, signal.SIGINT):\n"
+                      "    signal.signal(s, lambda *a: None)\nwhile True:\n    time.sleep(0.01)")
+    assert res.outcome is Outcome.TIMED_OUT
+
+
+def test_files_outside_the_work_dir_are_untouched(sandbox, tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    os.chmod(tmp_path, 0o777)
+    res = sandbox.run(
+        "import os, shutil\n"
+        f"for p in ({str(victim)!r}, '/usr/bin/true'):\n"
+        "    try:\n        os.remove(p)\n    except OSError:\n        pass\n"
+        f"try:\n    open({str(tmp_path / 'dropped.txt')!r}, 'w').write('x')\nexcept OSError:\n    pass\n"
+        "try:\n    open('/usr/evil', 'w')\nexcept OSError as e:\n    print('ro', e.errno)\n"
+        "open('/work/mine.txt', 'w').write('ok')\nprint(sorted(os.listdir('/work')))")
+    assert res.outcome is Outcome.PASSED
+    assert "ro 30" in res.stdout and "['mine.txt']" in res.stdout  # EROFS for the system, own dir writable
+    assert victim.read_text() == "precious" and not (tmp_path / "dropped.txt").exists()
+    assert Path("/usr/bin/true").exists() and not Path("/usr/evil").exists()
+
+
+def test_no_network(sandbox):
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    server.settimeout(3)
+    port = server.getsockname()[1]
+    accepted = []
+
+    def accept():
+        with contextlib.suppress(OSError):
+            accepted.append(server.accept())
+
+    t = threading.Thread(target=accept)
+    t.start()
+    res = sandbox.run(f"import socket\ns = socket.socket()\ns.settimeout(2)\ns.connect(('127.0.0.1', {port}))")
+    t.join()
+    server.close()
+    assert res.outcome is Outcome.FAILED and ("ConnectionRefused" in res.error or "unreachable" in res.error)
+    assert accepted == []
+    dns = sandbox.run("import socket\nsocket.getaddrinfo('pypi.org', 443)")
+    assert dns.outcome is Outcome.FAILED
+
+
+def test_environment_secrets_are_not_visible(sandbox, monkeypatch):
+    monkeypatch.setenv("CODEMILL_TEST_SECRET", "hunter2-do-not-leak")
+    res = sandbox.run("import os\nprint(os.environ.get('CODEMILL_TEST_SECRET'))\nprint(open('/proc/1/environ','rb')"
+                      ".read())")
+    assert "hunter2" not in res.stdout and "hunter2" not in res.error
+    assert res.stdout.startswith("None")
+
+
+def test_background_process_does_not_outlive_the_program(sandbox):
+    marker = f"{time.time_ns() % 10**6}.{os.getpid()}"
+    res = sandbox.run(f"import subprocess\nsubprocess.Popen(['sleep', '{marker}'], start_new_session=True)\n"
+                      "print('spawned')")
+    assert res.outcome is Outcome.PASSED and res.stdout == "spawned\n"
+    assert _eventually_none(f"sleep {marker}") == []
+
+
+def test_killing_the_parent_is_contained(sandbox):
+    res = sandbox.run("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nos.kill(-1, signal.SIGKILL)\n"
+                      "import time\ntime.sleep(30)")
+    assert res.outcome in (Outcome.FAILED, Outcome.TIMED_OUT)
+    assert res.duration_s < FAST.wall_s + 3
+    assert subprocess.run(["true"]).returncode == 0  # the host (and this test process) lives on
+
+
+def test_probe_fails_closed_without_bubblewrap():
+    sb = Sandbox(FAST)
+    sb.bwrap = None
+    with pytest.raises(SandboxUnavailable, match="bubblewrap"):
+        sb.probe()
+    broken = Sandbox(FAST, python="/nonexistent/python")
+    with pytest.raises(SandboxUnavailable):
+        broken.probe()
+
+
+def test_unsafe_mode_is_explicit_and_still_limited():
+    sb = Sandbox(FAST, unsafe=True)
+    sb.probe()  # no isolation to check; the caller logs that it asked for this
+    assert sb.run("print(1)").outcome is Outcome.PASSED
+    assert sb.run("while True:\n    pass").outcome is Outcome.TIMED_OUT
