@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -67,7 +68,7 @@ def test_outcomes_and_pass_at_k_match_the_reference_harness(problems, sandbox, t
     write_samples(samples_file, _mixed_samples(problems))
     reference = evaluate_functional_correctness(str(samples_file), k=[1, 2, 5], n_workers=2, timeout=3.0,
                                                 ignore_incomplete=True)
-    ref_rows = [json.loads(line) for line in open(f"{samples_file}_results.jsonl")]
+    ref_rows = [json.loads(line) for line in Path(f"{samples_file}_results.jsonl").read_text().splitlines()]
 
     ours = execute(problems, read_samples(samples_file), sandbox)
     assert [r.task_id for r in ours] == [r["task_id"] for r in ref_rows]
