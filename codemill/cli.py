@@ -93,8 +93,13 @@ def print_summary(out: dict, wall_s: float) -> None:
         table.add_row(name, shown, st["ref"]["uri"])
     console.print(table)
     s = out["scores"]
-    console.print(f"val bits-per-byte: [bold]{s['val_bpb']:.4f}[/] (95% CI {s['val_bpb_ci_low']:.4f} - "
-                  f"{s['val_bpb_ci_high']:.4f})")
+    for key in sorted(k for k in s if "_ci_" not in k):
+        ci = (f" (95% CI {s[key + '_ci_low']:.4f} - {s[key + '_ci_high']:.4f})" if f"{key}_ci_low" in s else "")
+        console.print(f"{key}: [bold]{s[key]:.4f}[/]{ci}")
+    if out.get("gate"):
+        g = out["gate"]
+        console.print(f"gate: [bold]{g['verdict']}[/] ({g['reason']}); {g['registered_model']}@{g['alias']} = "
+                      f"version {g['champion_version']}")
     console.print(f"MLflow run:  {out['parent_run_id']} (experiment {out['experiment_id']}, {out['tracking_uri']})")
     console.print(f"Model id:    {out['model_id']}  (models:/{out['model_id']})")
     console.print(f"Prefect flow run: {out['flow_run_id']}")

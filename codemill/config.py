@@ -109,13 +109,65 @@ class TrainConfig(StageConfig):
     timeout_s: int = runtime_only(default=3600, gt=0, description="Kill the torchrun job after this long.")
 
 
-class EvalConfig(StageConfig):
-    max_files: int | None = Field(400, description="Evaluate at most this many val files (sorted by path).")
+class BpbSuiteConfig(StageConfig):
+    max_files: int | None = Field(400, description="Score at most this many val files (sorted by path).")
     context_len: int = Field(256, ge=8, description="Tokens per scoring window.")
     batch_size: int = runtime_only(default=16, gt=0, description="Windows per forward pass.")
-    bootstrap_samples: int = Field(1000, ge=100, description="Bootstrap resamples for the CI.")
+
+
+class CompletionSuiteConfig(StageConfig):
+    max_files: int | None = Field(200, description="One completion item per val file, at most this many.")
+    context_len: int = Field(256, ge=16, description="Prompt tokens kept (left-truncated) plus new tokens.")
+    max_new_tokens: int = Field(32, gt=0)
+    batch_size: int = runtime_only(default=16, gt=0)
+
+
+class HumanEvalSuiteConfig(StageConfig):
+    max_problems: int | None = Field(None, description="First N of the 164 problems; empty = all.")
+    greedy: bool = Field(True, description="One greedy completion per problem (pass@1).")
+    n_samples: int = Field(0, ge=0, description="Sampled completions per problem for pass@k (0 = off).")
+    temperature: float = Field(0.8, gt=0)
+    top_p: float = Field(0.95, gt=0, le=1)
+    ks: list[int] = Field([1, 10], description="k values of sampled pass@k (those <= n_samples are reported).")
+    max_new_tokens: int = Field(128, gt=0)
+    context_len: int = Field(512, ge=16)
+    wall_s: float = Field(10.0, gt=0, description="Wall-clock limit per program (the reference uses 3 s).")
+    cpu_s: int = Field(10, gt=0)
+    memory_mb: int = Field(1024, gt=64)
+    unsafe_no_sandbox: bool = Field(False, description="Run model code WITHOUT isolation. Logged on the run.")
+    workers: int | None = runtime_only(default=None, description="Parallel sandboxes; empty = CPU count.")
+    batch_size: int = runtime_only(default=16, gt=0)
+
+
+SUITES = ("bpb", "completion", "humaneval")
+
+
+class EvalConfig(StageConfig):
+    suites: list[Literal["bpb", "completion", "humaneval"]] = Field(list(SUITES), description="Suites to run.")
+    bpb: BpbSuiteConfig = Field(default_factory=BpbSuiteConfig)
+    completion: CompletionSuiteConfig = Field(default_factory=CompletionSuiteConfig)
+    humaneval: HumanEvalSuiteConfig = Field(default_factory=HumanEvalSuiteConfig)
+    bootstrap_samples: int = Field(1000, ge=100, description="Bootstrap resamples for the CIs.")
     confidence: float = Field(0.95, gt=0, lt=1)
     seed: int = Field(0)
+
+
+class GateMetricConfig(StageConfig):
+    name: str = Field(description="Eval metric: val_bpb, completion_exact_match, completion_edit_similarity, "
+                                  "humaneval_pass_at_1.")
+    margin: float = Field(0.0, ge=0, description="Tolerated loss before a difference counts as a regression.")
+
+
+class GateConfig(StageConfig):
+    enabled: bool = Field(True, description="Compare with the champion and promote on a 'promote' verdict.")
+    registered_model: str | None = Field(None, description="MLflow registered model; empty = experiment name.")
+    alias: str = Field("champion")
+    alpha: float = Field(0.05, gt=0, lt=1, description="Family-wise error rate (Holm) of each test family.")
+    metrics: list[GateMetricConfig] = Field(
+        default_factory=lambda: [GateMetricConfig(name="val_bpb", margin=0.01),
+                                 GateMetricConfig(name="completion_edit_similarity", margin=0.02),
+                                 GateMetricConfig(name="humaneval_pass_at_1", margin=0.02)],
+        description="Metrics the gate tests; those of suites not run are skipped.")
 
 
 class PipelineConfig(StageConfig):
@@ -129,6 +181,7 @@ class PipelineConfig(StageConfig):
     tokenize: TokenizeConfig = Field(default_factory=TokenizeConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     evaluate: EvalConfig = Field(default_factory=EvalConfig)
+    gate: GateConfig = Field(default_factory=GateConfig)
 
 
 def preset_names() -> list[str]:

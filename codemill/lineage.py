@@ -12,6 +12,7 @@ mlflow's fluent state after log_model is known to be stale (mlflow#21839).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import warnings
 from collections.abc import Iterator
@@ -19,6 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import mlflow
 from mlflow import MlflowClient
 from mlflow.entities import DatasetInput, InputTag, LoggedModelInput, LoggedModelOutput, Metric, RunStatus
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
@@ -43,7 +45,10 @@ def mlflow_digest(digest: str) -> str:
 class Lineage:
     def __init__(self, tracking_uri: str, experiment_name: str) -> None:
         self.tracking_uri = tracking_uri
-        self.client = MlflowClient(tracking_uri=tracking_uri)
+        # MLflow's SQL registry store looks LoggedModels up through a default MlflowClient(), i.e. the global
+        # tracking URI, so the process-wide URI must agree with the one this client writes to.
+        mlflow.set_tracking_uri(tracking_uri)
+        self.client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
         exp = self.client.get_experiment_by_name(experiment_name)
         self.experiment_id = exp.experiment_id if exp else self._create_experiment(experiment_name)
 
@@ -139,6 +144,15 @@ class Lineage:
         self.client.log_outputs(run_id, [LoggedModelOutput(model.model_id, step)])
         return model.model_id
 
+    def log_external_model(self, ref: ArtifactRef, folder: Path) -> str:
+        """A LoggedModel that points at weights living elsewhere (no copy): a folder or a store URI."""
+        model = self.client.create_logged_model(
+            self.experiment_id, name=f"{ref.name}-{ref.short}",
+            tags={TAG_DIGEST: ref.digest, TAG_OUTPUT_URI: ref.uri, "codemill.external_path": str(folder)},
+            model_type="transformers-causal-lm")
+        self.client.finalize_logged_model(model.model_id, "READY")
+        return model.model_id
+
     def log_eval(self, run_id: str, model_id: str, dataset_ref: ArtifactRef, metrics: dict[str, float],
                  dataset_name: str) -> None:
         """Eval metrics attached to the model and the dataset they were measured on."""
@@ -158,3 +172,33 @@ def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[key] = v
     return out
+
+
+class Registry:
+    """The champion as an MLflow registered-model alias; its version tags say where the model lives."""
+
+    def __init__(self, lineage: Lineage, name: str, alias: str = "champion") -> None:
+        self.lineage, self.name, self.alias = lineage, name, alias
+        self.client = lineage.client
+
+    def champion(self) -> dict[str, str] | None:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            mv = self.client.get_model_version_by_alias(self.name, self.alias)
+        except MlflowException:
+            return None
+        return {"version": str(mv.version), **(mv.tags or {})}
+
+    def promote(self, model_id: str, tags: dict[str, str]) -> str:
+        """Register the model as a new version and point the alias at it. Keeps model_id as a version tag
+        because the registry does not link versions back to LoggedModels in every MLflow version."""
+        from mlflow.exceptions import MlflowException
+
+        with contextlib.suppress(MlflowException):  # it exists already
+            self.client.create_registered_model(self.name)
+        source = self.client.get_logged_model(model_id).artifact_location  # not models:/, which resolves
+        mv = self.client.create_model_version(self.name, source=source, model_id=model_id,  # on the default URI
+                                              tags={**tags, "codemill.model_id": model_id})
+        self.client.set_registered_model_alias(self.name, self.alias, mv.version)
+        return str(mv.version)

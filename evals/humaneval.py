@@ -108,11 +108,6 @@ def interpret(res: ExecResult, nonce: str) -> tuple[Outcome, str]:
     return Outcome.FAILED, error
 
 
-def truncate_at_stop(text: str, stops: Sequence[str] = STOP_SEQUENCES) -> str:
-    cut = min((i for i in (text.find(s) for s in stops) if i >= 0), default=len(text))
-    return text[:cut]
-
-
 def execute(problems: dict[str, Problem], samples: Iterable[dict], sandbox: Sandbox, workers: int | None = None,
             on_done: Callable[[int, int], None] | None = None) -> list[SampleResult]:
     """Run every sample ({task_id, completion}) in the sandbox; sample_idx counts per task in input order."""

@@ -8,12 +8,13 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
-from codemill import progress
 from codemill.config import PipelineConfig
+from codemill.flows.common import run_stage_task
+from codemill.flows.evaluation import evaluate_model, gate_against_champion, scores_of
 from codemill.store import ArtifactStore
-from codemill.tasks.common import RunContext, StageResult
-from codemill.tasks.evaluate import evaluate_task, plan_evaluate
+from codemill.tasks.common import RunContext
 from codemill.tasks.ingest import fingerprint_sources_task, ingest_task, plan_ingest
+from codemill.tasks.models import from_train_artifact
 from codemill.tasks.tokenize import plan_tokenize, tokenize_task
 from codemill.tasks.train import plan_train, train_task
 
@@ -29,19 +30,6 @@ def _flow_run_url() -> str | None:
 
     base = PREFECT_UI_URL.value()
     return f"{base.rstrip('/')}/runs/flow-run/{flow_run.id}" if base and flow_run.id else None
-
-
-def run_stage_task(task, store: ArtifactStore, **params: Any) -> StageResult:
-    """Run a stage task; a Prefect cache hit whose artifact is gone from the store is recomputed."""
-    state = task(**params, return_state=True)
-    result: StageResult = state.result()
-    if state.name == "Cached" and not store.is_committed(result.ref):
-        state = task.with_options(refresh_cache=True)(**params, return_state=True)
-        result = state.result()
-    if state.name == "Cached":
-        result = result.model_copy(update={"status": "cached"})
-    progress.sink().stage(result.ref.stage, f"{result.status}: {result.ref.uri}")
-    return result
 
 
 @flow(name="pipeline", flow_run_name=_run_name, persist_result=True, log_prints=True)
@@ -63,18 +51,17 @@ def pipeline(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:  # no
                                 ctx=ctx, cfg=config.tokenize, corpus=corpus.ref)
         model = run_stage_task(train_task, store, ref=plan_train(store, config.train, tokens.ref), ctx=ctx,
                                cfg=config.train, tokens=tokens.ref)
-        evaluation = run_stage_task(
-            evaluate_task, store, ref=plan_evaluate(store, config.evaluate, model.ref, corpus.ref, tokens.ref),
-            ctx=ctx, cfg=config.evaluate, model=model.ref, model_id=model.model_id, corpus=corpus.ref,
-            tokens=tokens.ref)
+        candidate = from_train_artifact(ctx, model.ref, model.model_id)
+        evals = evaluate_model(ctx, store, config, candidate, corpus.ref)
+        verdict = gate_against_champion(ctx, store, config, candidate, corpus.ref, evals)
     except BaseException:
         lineage.end_run(parent, failed=True)
         raise
-    stages = {"ingest": corpus, "tokenize": tokens, "train": model, "evaluate": evaluation}
+    stages = {"ingest": corpus, "tokenize": tokens, "train": model, **{f"eval:{k}": v for k, v in evals.items()}}
     lineage.tag(parent, {**{f"codemill.{k}.status": v.status for k, v in stages.items()},
                          **{f"codemill.{k}.digest": v.ref.digest for k, v in stages.items()},
                          "codemill.model_id": model.model_id})
-    scores = {k: evaluation.summary[k] for k in ("val_bpb", "val_bpb_ci_low", "val_bpb_ci_high")}
+    scores = scores_of(evals)
     lineage.log_metrics(parent, scores)
     lineage.end_run(parent)
     for name, st in stages.items():
@@ -86,5 +73,6 @@ def pipeline(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:  # no
         "flow_run_id": str(flow_run.id) if flow_run.id else None,
         "model_id": model.model_id,
         "scores": scores,
+        "gate": verdict,
         "stages": {k: v.model_dump(mode="json") for k, v in stages.items()},
     }

@@ -1,28 +1,26 @@
-"""Prefect task of the evaluate stage: held-out bits-per-byte with a bootstrap CI, per-file rows stored."""
+"""Prefect task of the evaluate stage: one content-addressed artifact per (suite, model, data, config)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-import torch
 from prefect import get_run_logger, task
 
 from codemill import progress
 from codemill.config import EvalConfig
-from codemill.evals.bpb_suite import EVAL_CODE_VERSION, load_val_files, score_bpb
-from codemill.hashing import stage_digest
+from codemill.data.corpus import split_key
+from codemill.evals import humaneval as he
+from codemill.evals import suites
+from codemill.hashing import sha256_file, stage_digest
 from codemill.lineage import Lineage
 from codemill.store import ArtifactRef, ArtifactStore, ArtifactWriter, Manifest
 from codemill.tasks.common import RunContext, StageResult, artifact_cache_key, run_stage
+from codemill.tasks.models import ResolvedModel
 
 STAGE = "evaluate"
-METRICS = ("val_bpb", "val_bpb_ci_low", "val_bpb_ci_high")
-
-
-def plan_evaluate(store: ArtifactStore, cfg: EvalConfig, model: ArtifactRef, corpus: ArtifactRef,
-                  tokens: ArtifactRef) -> ArtifactRef:
-    inputs = {"model": model.digest, "corpus": corpus.digest, "tokens": tokens.digest}
-    return store.ref(STAGE, "bpb", stage_digest(STAGE, EVAL_CODE_VERSION, cfg.digest_config(), inputs))
+SUMMARY_KEYS = ("val_bpb", "completion_exact_match", "completion_edit_similarity", "humaneval_pass_at_1",
+                "humaneval_sampled_pass_at_")
 
 
 def val_dataset(corpus: ArtifactRef) -> ArtifactRef:
@@ -30,40 +28,99 @@ def val_dataset(corpus: ArtifactRef) -> ArtifactRef:
     return ArtifactRef(stage=corpus.stage, name="corpus-val", digest=corpus.digest, uri=f"{corpus.uri}/val")
 
 
+def humaneval_dataset() -> ArtifactRef:
+    path = he.problems_file()
+    return ArtifactRef(stage="benchmark", name="humaneval", digest=sha256_file(path), uri=str(path))
+
+
+def suite_dataset(suite: str, corpus: ArtifactRef | None) -> ArtifactRef:
+    if suite == "humaneval":
+        return humaneval_dataset()
+    if corpus is None:
+        raise ValueError(f"suite {suite!r} needs a corpus (its val split)")
+    return val_dataset(corpus)
+
+
+def plan_suite(store: ArtifactStore, suite: str, cfg: EvalConfig, model: ArtifactRef, data: ArtifactRef,
+               samples_file: str | None = None) -> ArtifactRef:
+    """Digest over the suite config, the model, the data, and (when scoring a samples file) its content."""
+    config = {"suite": getattr(cfg, suite).digest_config(), "bootstrap_samples": cfg.bootstrap_samples,
+              "confidence": cfg.confidence, "seed": cfg.seed}
+    inputs = {"model": model.digest, "data": data.digest}
+    if samples_file:
+        inputs["samples"] = sha256_file(samples_file)
+    return store.ref(STAGE, suite, stage_digest(STAGE, suites.SUITE_VERSIONS[suite], config, inputs))
+
+
+def metrics_of(stats: dict[str, Any]) -> dict[str, float]:
+    return {k: float(v) for k, v in stats.items()
+            if isinstance(v, int | float) and not isinstance(v, bool) and k.startswith(SUMMARY_KEYS)}
+
+
 def _summary(m: Manifest) -> dict[str, Any]:
-    return {k: m.stats[k] for k in (*METRICS, "files", "bytes", "model_id")}
+    return {"suite": m.stats["suite"], "model_id": m.stats["model_id"], **metrics_of(m.stats)}
 
 
-def _record(corpus: ArtifactRef, model_id: str):
+def _record(store: ArtifactStore, suite: str, model: ResolvedModel, data: ArtifactRef):
     def record(lineage: Lineage, run_id: str, m: Manifest) -> dict[str, Any]:
         lineage.log_params(run_id, {"evaluate": m.config})
-        lineage.log_eval(run_id, model_id, val_dataset(corpus), {k: m.stats[k] for k in METRICS},
-                         dataset_name="corpus-val")
-        lineage.log_metrics(run_id, {"files": m.stats["files"], "bytes": m.stats["bytes"]})
-        lineage.tag(run_id, {"codemill.model_id": model_id})
-        return {"model_id": model_id}
+        lineage.log_eval(run_id, model.model_id, data, metrics_of(m.stats), dataset_name=data.name)
+        lineage.tag(run_id, {"codemill.model_id": model.model_id, "codemill.suite": suite,
+                             "codemill.model_digest": model.ref.digest})
+        if suite == "humaneval" and m.stats.get("unsafe_no_sandbox"):
+            lineage.tag(run_id, {"codemill.eval.unsafe_no_sandbox": "true"})
+        rows = store.local_path(store.ref(m.stage, m.name, m.digest)) / "rows" / f"{suite}.parquet"
+        lineage.client.log_artifact(run_id, str(rows), "rows")
+        return {"model_id": model.model_id}
     return record
 
 
-@task(name="evaluate", cache_key_fn=artifact_cache_key, persist_result=True, cache_result_in_memory=False)
-def evaluate_task(ref: ArtifactRef, ctx: RunContext, cfg: EvalConfig, model: ArtifactRef, model_id: str,
-                  corpus: ArtifactRef, tokens: ArtifactRef) -> StageResult:
-    from transformers import AutoModelForCausalLM
+def _clusters(store: ArtifactStore, corpus: ArtifactRef, val) -> list[str]:
+    unit = store.read_manifest(corpus).config.get("split_unit", "repository")
+    return [split_key(r, p, unit) for r, p in zip(val["repo"], val["path"], strict=True)]
 
+
+@task(name="evaluate", cache_key_fn=artifact_cache_key, persist_result=True, cache_result_in_memory=False,
+      task_run_name="evaluate-{suite}")
+def evaluate_suite_task(ref: ArtifactRef, ctx: RunContext, suite: str, cfg: EvalConfig, model: ResolvedModel,
+                        corpus: ArtifactRef | None, samples_file: str | None = None) -> StageResult:
     logger = get_run_logger()
     store = ctx.store()
+    data = suite_dataset(suite, corpus)
 
     def produce(w: ArtifactWriter, run_id: str) -> Manifest:
-        progress.sink().stage(STAGE, "scoring val files")
-        val = load_val_files(store.local_path(corpus), cfg.max_files)
-        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        lm = AutoModelForCausalLM.from_pretrained(str(store.local_path(model) / "hf"))
-        rows, summary = score_bpb(lm, store.local_path(tokens) / "tokenizer", val, cfg, device)
-        rows.write_parquet(w.path("rows/bpb.parquet"))
-        logger.info("evaluate: val bpb %.4f [%.4f, %.4f] over %d files", summary["val_bpb"],
-                    summary["val_bpb_ci_low"], summary["val_bpb_ci_high"], summary["files"])
-        return w.finish(code_version=EVAL_CODE_VERSION, config=cfg.digest_config(),
-                        inputs={"model": model, "corpus": corpus, "tokens": tokens},
-                        stats={**summary, "model_id": model_id, "suite": "bpb"})
+        progress.sink().stage(STAGE, f"{suite}: {model.ref.uri}")
+        if suite == "humaneval":
+            rows, summary = _humaneval(w, cfg, model, samples_file)
+        else:
+            val = suites.load_val_files(store.local_path(corpus), getattr(cfg, suite).max_files)
+            clusters = _clusters(store, corpus, val)
+            m = suites.load_eval_model(Path(model.hf_dir))
+            run = suites.run_bpb if suite == "bpb" else suites.run_completion
+            rows, summary = run(m, val, clusters, cfg)
+        rows.write_parquet(w.path(f"rows/{suite}.parquet"))
+        logger.info("evaluate %s: %s", suite, metrics_of(summary))
+        return w.finish(code_version=suites.SUITE_VERSIONS[suite], config=cfg.digest_config(),
+                        inputs={"model": model.ref, "data": data},
+                        stats={**summary, "suite": suite, "model_id": model.model_id})
 
-    return run_stage(ctx, ref, produce, _record(corpus, model_id), _summary)
+    return run_stage(ctx, ref, produce, _record(store, suite, model, data), _summary)
+
+
+def _humaneval(w: ArtifactWriter, cfg: EvalConfig, model: ResolvedModel, samples_file: str | None):
+    sandbox = suites.humaneval_sandbox(cfg)  # probe first: fail closed before generating anything
+    problems = he.load_problems()
+    if cfg.humaneval.max_problems:
+        problems = dict(list(problems.items())[: cfg.humaneval.max_problems])
+    if samples_file:
+        samples = [{**s, "mode": "greedy"} for s in he.read_samples(samples_file)]
+    else:
+        samples = suites.humaneval_samples(suites.load_eval_model(Path(model.hf_dir)), problems, cfg)
+    he.write_samples(w.path("samples.jsonl"), samples)
+    return suites.score_humaneval(samples, problems, cfg, sandbox)
+
+
+def load_rows(ctx: RunContext, result: StageResult) -> Any:
+    import polars as pl
+
+    return pl.read_parquet(ctx.store().local_path(result.ref) / "rows" / f"{result.ref.name}.parquet")

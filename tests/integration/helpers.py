@@ -24,7 +24,13 @@ def small_pipeline_config(corpus: Path, tmp: Path, *, max_steps: int = 40) -> Pi
     cfg.train.checkpoint_every = 20
     cfg.train.log_every = 5
     cfg.train.timeout_s = 600
-    cfg.evaluate.max_files = 40
-    cfg.evaluate.context_len = 128
+    cfg.evaluate.bpb.max_files = 40
+    cfg.evaluate.bpb.context_len = 128
+    cfg.evaluate.completion.max_files = 30
+    cfg.evaluate.completion.context_len = 128
+    cfg.evaluate.completion.max_new_tokens = 16
+    cfg.evaluate.humaneval.max_problems = 20
+    cfg.evaluate.humaneval.max_new_tokens = 24
+    cfg.evaluate.humaneval.context_len = 128
     cfg.evaluate.bootstrap_samples = 300
     return cfg

@@ -11,7 +11,7 @@ import torch
 from mlflow import MlflowClient
 from prefect.settings import PREFECT_TASKS_REFRESH_CACHE, temporary_settings
 
-from codemill.evals.bpb_suite import load_val_files, score_bpb
+from codemill.evals.suites import EvalModel, load_eval_model, load_val_files, run_bpb
 from codemill.lineage import mlflow_digest
 from codemill.models.build import build_model
 from codemill.store import ArtifactRef, ArtifactStore
@@ -40,7 +40,7 @@ def _ref(stage_result: dict) -> ArtifactRef:
 def test_every_stage_ran_and_committed_a_manifest(runs):
     cfg, first, _, _ = runs
     store = ArtifactStore(cfg.store_root)
-    assert list(first["stages"]) == ["ingest", "tokenize", "train", "evaluate"]
+    assert list(first["stages"]) == ["ingest", "tokenize", "train", "eval:bpb", "eval:completion", "eval:humaneval"]
     for name, st in first["stages"].items():
         assert st["status"] == "ran", name
         ref = _ref(st)
@@ -57,8 +57,10 @@ def test_manifests_repeat_the_chain(runs):
     st = {k: _ref(v) for k, v in first["stages"].items()}
     assert store.read_manifest(st["tokenize"]).inputs == {"corpus": st["ingest"].digest}
     assert store.read_manifest(st["train"]).inputs == {"tokens": st["tokenize"].digest}
-    assert store.read_manifest(st["evaluate"]).inputs == {
-        "model": st["train"].digest, "corpus": st["ingest"].digest, "tokens": st["tokenize"].digest}
+    for suite in ("bpb", "completion"):
+        assert store.read_manifest(st[f"eval:{suite}"]).inputs == {"model": st["train"].digest,
+                                                                    "data": st["ingest"].digest}
+    assert store.read_manifest(st["eval:humaneval"]).inputs["model"] == st["train"].digest
     sources = store.read_manifest(st["ingest"]).stats["source_fingerprints"]
     assert sources[0]["root"] == cfg.ingest.sources[0].path
 
@@ -79,17 +81,20 @@ def test_val_bpb_finite_and_better_than_untrained(runs):
     bpb = first["scores"]["val_bpb"]
     assert math.isfinite(bpb) and bpb > 0
     assert first["scores"]["val_bpb_ci_low"] <= bpb <= first["scores"]["val_bpb_ci_high"]
-    tokens = store.local_path(_ref(first["stages"]["tokenize"]))
     tok_stats = store.read_manifest(_ref(first["stages"]["tokenize"])).stats
     untrained = build_model(cfg.train.model, tok_stats["vocab_size"], tok_stats["seq_len"], tok_stats["eos_id"],
                             tok_stats["eos_id"] + 1, cfg.train.seed)
-    val = load_val_files(store.local_path(_ref(first["stages"]["ingest"])), cfg.evaluate.max_files)
-    _, base = score_bpb(untrained, tokens / "tokenizer", val, cfg.evaluate, torch.device("cpu"))
+    trained = load_eval_model(store.local_path(_ref(first["stages"]["train"])) / "hf", torch.device("cpu"))
+    val = load_val_files(store.local_path(_ref(first["stages"]["ingest"])), cfg.evaluate.bpb.max_files)
+    clusters = [f"c{i}" for i in range(val.height)]
+    _, base = run_bpb(EvalModel(untrained.eval(), trained.tokenizer, torch.device("cpu")), val, clusters,
+                      cfg.evaluate)
     assert bpb < base["val_bpb"] - 0.2, (bpb, base["val_bpb"])
-    rows = store.local_path(_ref(first["stages"]["evaluate"])) / "rows" / "bpb.parquet"
+    rows = store.local_path(_ref(first["stages"]["eval:bpb"])) / "rows" / "bpb.parquet"
     import polars as pl
     per_file = pl.read_parquet(rows)
     assert per_file.height == val.height and per_file["item_id"].n_unique() == val.height
+    assert per_file["cluster"].n_unique() < val.height  # files of one package share a cluster
 
 
 def test_hf_export_loads_with_from_pretrained(runs):
@@ -118,7 +123,7 @@ def test_mlflow_chain_from_eval_metric_to_source_directory(runs):
     cfg, first, second, _ = runs
     client = MlflowClient(cfg.mlflow_tracking_uri)
     st = {k: _ref(v) for k, v in first["stages"].items()}
-    eval_run = client.get_run(first["stages"]["evaluate"]["run_id"])
+    eval_run = client.get_run(first["stages"]["eval:bpb"]["run_id"])
 
     # 1. the eval run read one model; that model's val_bpb metric names the eval run and the dataset
     assert [m.model_id for m in eval_run.inputs.model_inputs] == [first["model_id"]]
@@ -164,6 +169,10 @@ def test_mlflow_chain_from_eval_metric_to_source_directory(runs):
     assert parent.data.tags["prefect.flow_run_id"] == first["flow_run_id"]
     for run in (eval_run, train_run, tok_run, ing_run):
         assert run.data.tags["mlflow.parentRunId"] == first["parent_run_id"]
+    # the first run's model became the champion; the reruns held it
+    assert first["gate"]["verdict"] == "promote" and second["gate"]["verdict"] == "hold"
+    champion = client.get_model_version_by_alias(cfg.name, "champion")
+    assert champion.tags["codemill.model_id"] == first["model_id"]
     # the rerun's parent records the cached stages and the same model
     rerun = client.get_run(second["parent_run_id"])
     assert rerun.data.tags["codemill.train.status"] == "cached"

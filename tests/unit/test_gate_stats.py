@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from codemill.evals.gate import GateMetric, ItemScores, gate, markdown_report
-from codemill.evals.humaneval import pass_at_k, truncate_at_stop
+from codemill.evals.generate import truncate_at
+from codemill.evals.humaneval import STOP_SEQUENCES, pass_at_k
 from codemill.evals.stats import (
     cluster_bootstrap_ratio_ci,
     holm,
@@ -25,9 +26,9 @@ def test_pass_at_k_matches_combinatorial_definition():
 
 
 def test_truncate_at_first_stop_sequence():
-    assert truncate_at_stop("    return x\n\ndef g():\n    pass") == "    return x\n"
-    assert truncate_at_stop("    return 1\n# comment\nif x:") == "    return 1"
-    assert truncate_at_stop("    return 1") == "    return 1"
+    assert truncate_at("    return x\n\ndef g():\n    pass", STOP_SEQUENCES) == "    return x\n"
+    assert truncate_at("    return 1\n# comment\nif x:", STOP_SEQUENCES) == "    return 1"
+    assert truncate_at("    return 1", STOP_SEQUENCES) == "    return 1"
 
 
 def test_ratio_se_equals_classic_se_of_mean_without_clusters():

@@ -1,0 +1,77 @@
+"""Prefect task of the gate: compare the candidate with the champion on the same items, promote or not."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import get_run_logger, task
+from prefect.artifacts import create_markdown_artifact
+
+from codemill.config import GateConfig
+from codemill.evals import suites
+from codemill.evals.gate import GateMetric, gate, markdown_report
+from codemill.lineage import Registry
+from codemill.tasks.common import RunContext, StageResult
+from codemill.tasks.evaluate import load_rows
+from codemill.tasks.models import ResolvedModel
+
+
+def _scores(ctx: RunContext, evals: dict[str, StageResult]) -> dict:
+    out = {}
+    for suite, result in evals.items():
+        out |= suites.item_scores(suite, load_rows(ctx, result))
+    return out
+
+
+def model_tags(model: ResolvedModel) -> dict[str, str]:
+    return {"codemill.model_digest": model.ref.digest, "codemill.model_uri": model.ref.uri,
+            "codemill.hf_dir": model.hf_dir}
+
+
+@task(name="gate", retries=2, retry_delay_seconds=5)
+def gate_task(ctx: RunContext, cfg: GateConfig, registered_model: str, candidate: ResolvedModel,
+              candidate_evals: dict[str, StageResult], champion: dict[str, str] | None,
+              champion_evals: dict[str, StageResult] | None) -> dict[str, Any]:
+    logger = get_run_logger()
+    lineage = ctx.lineage()
+    registry = Registry(lineage, registered_model, cfg.alias)
+    if champion is None:
+        version = registry.promote(candidate.model_id, model_tags(candidate))
+        result = {"verdict": "promote", "reason": "first evaluated model: it becomes the champion", "metrics": [],
+                  "alpha": cfg.alpha}
+    elif champion.get("codemill.model_id") == candidate.model_id:
+        version = champion["version"]
+        result = {"verdict": "hold", "reason": "the candidate is the champion", "metrics": [], "alpha": cfg.alpha}
+    else:
+        cand, champ = _scores(ctx, candidate_evals), _scores(ctx, champion_evals or {})
+        metrics = [GateMetric(m.name, m.margin) for m in cfg.metrics if m.name in cand and m.name in champ]
+        if not metrics:
+            raise ValueError(f"no gate metric was evaluated for both models (configured: "
+                             f"{[m.name for m in cfg.metrics]}, evaluated: {sorted(cand)})")
+        verdict = gate(cand, champ, metrics, cfg.alpha)
+        result = verdict.as_dict()
+        version = registry.promote(candidate.model_id, model_tags(candidate)) if verdict.verdict == "promote" \
+            else champion["version"]
+    result |= {"registered_model": registered_model, "alias": cfg.alias, "champion_version": version,
+               "candidate_model_id": candidate.model_id,
+               "previous_champion_model_id": (champion or {}).get("codemill.model_id")}
+    report = _report(result)
+    create_markdown_artifact(report, key="gate-verdict", description=f"gate verdict: {result['verdict']}")
+    if ctx.parent_run_id:
+        lineage.client.log_text(ctx.parent_run_id, report, "gate_report.md")
+        lineage.log_json(ctx.parent_run_id, result, "gate_verdict.json")
+        lineage.tag(ctx.parent_run_id, {"codemill.gate.verdict": result["verdict"],
+                                        "codemill.gate.champion_version": version})
+    logger.info("gate: %s (%s)", result["verdict"], result["reason"])
+    return result
+
+
+def _report(result: dict[str, Any]) -> str:
+    from codemill.evals.gate import GateVerdict, MetricEvidence
+
+    v = GateVerdict(result["verdict"], result["alpha"], result["reason"],
+                    [MetricEvidence(**m) for m in result["metrics"]])
+    links = (f"\n- candidate model: `{result['candidate_model_id']}`\n- champion before: "
+             f"`{result['previous_champion_model_id']}`\n- registered model: `{result['registered_model']}` "
+             f"@{result['alias']} = version {result['champion_version']}\n")
+    return markdown_report(v, "codemill gate") + links
