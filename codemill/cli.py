@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
@@ -65,25 +67,66 @@ def run(
 ) -> None:
     """Run the whole pipeline: ingest -> tokenize -> train -> evaluate."""
     cfg = build_config(config, preset, source, store)
-    os.environ.setdefault("MLFLOW_TRACKING_URI", cfg.mlflow_tracking_uri)
-    for key, value in PREFECT_DEFAULTS.items():
-        os.environ.setdefault(key, value)
+    _prefect_defaults(cfg)
     from codemill.flows.pipeline import pipeline
 
     t0 = time.perf_counter()
+    with _progress():
+        out = pipeline(config=cfg)
+    print_summary(out, time.perf_counter() - t0)
+
+
+def _prefect_defaults(cfg: PipelineConfig) -> None:
+    os.environ.setdefault("MLFLOW_TRACKING_URI", cfg.mlflow_tracking_uri)
+    for key, value in PREFECT_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+
+
+@contextmanager
+def _progress() -> Iterator[None]:
     with Progress(SpinnerColumn(), TextColumn("[bold]{task.description:<9}"), BarColumn(),
                   TextColumn("{task.fields[count]}"), TextColumn("{task.fields[status]}"),
                   TimeElapsedColumn(), console=console, transient=False) as bar:
         progress.set_sink(RichSink(bar))
         try:
-            out = pipeline(config=cfg)
+            yield
         finally:
             progress.set_sink(None)
+
+
+@app.command()
+def evaluate(
+    model: Annotated[str, typer.Argument(help="LoggedModel id (m-...), store train artifact, or HF folder.")],
+    config: Annotated[Path | None, typer.Option(help="Pipeline config YAML (overrides --preset).")] = None,
+    preset: Annotated[str, typer.Option(help="Preset whose evaluate/gate sections apply.")] = "tiny",
+    corpus: Annotated[str | None, typer.Option(help="Corpus artifact (val split); default: newest.")] = None,
+    suite: Annotated[list[str] | None, typer.Option(help="Suites (bpb, completion, humaneval); repeatable.")] = None,
+    samples: Annotated[Path | None, typer.Option(help="Score this HumanEval samples JSONL instead.")] = None,
+    no_gate: Annotated[bool, typer.Option("--no-gate", help="Do not compare with the champion.")] = False,
+    unsafe_no_sandbox: Annotated[bool, typer.Option("--unsafe-no-sandbox",
+                                                    help="Run model code WITHOUT isolation (logged).")] = False,
+) -> None:
+    """Evaluate any model on the chosen suites, and gate it against the champion."""
+    cfg = build_config(config, preset, None, None)
+    if suite:
+        cfg.evaluate.suites = suite
+    if samples:
+        if not samples.is_file():
+            raise typer.BadParameter(f"samples file not found: {samples}", param_hint="--samples")
+        cfg.evaluate.suites = ["humaneval"]
+    cfg.evaluate.humaneval.unsafe_no_sandbox = unsafe_no_sandbox
+    cfg.gate.enabled = not no_gate
+    _prefect_defaults(cfg)
+    from codemill.flows.evaluate import evaluate as evaluate_flow
+
+    t0 = time.perf_counter()
+    with _progress():
+        out = evaluate_flow(model=model, config=cfg, corpus=corpus, samples_file=str(samples) if samples else None)
     print_summary(out, time.perf_counter() - t0)
 
 
 def print_summary(out: dict, wall_s: float) -> None:
-    table = Table(title=f"codemill run finished in {wall_s:.1f}s")
+    table = Table(title=f"codemill finished in {wall_s:.1f}s")
     for col in ("stage", "status", "artifact"):
         table.add_column(col)
     for name, st in out["stages"].items():
