@@ -54,7 +54,8 @@ def gate_task(ctx: RunContext, cfg: GateConfig, registered_model: str, candidate
             else champion["version"]
     result |= {"registered_model": registered_model, "alias": cfg.alias, "champion_version": version,
                "candidate_model_id": candidate.model_id,
-               "previous_champion_model_id": (champion or {}).get("codemill.model_id")}
+               "previous_champion_model_id": (champion or {}).get("codemill.model_id"),
+               "mlflow_run_id": ctx.parent_run_id, "tracking_uri": ctx.tracking_uri}
     report = _report(result)
     create_markdown_artifact(report, key="gate-verdict", description=f"gate verdict: {result['verdict']}")
     if ctx.parent_run_id:
@@ -71,7 +72,9 @@ def _report(result: dict[str, Any]) -> str:
 
     v = GateVerdict(result["verdict"], result["alpha"], result["reason"],
                     [MetricEvidence(**m) for m in result["metrics"]])
-    links = (f"\n- candidate model: `{result['candidate_model_id']}`\n- champion before: "
+    links = (f"\n- MLflow run: `{result.get('mlflow_run_id')}` ({result.get('tracking_uri')})"
+             f"\n- candidate model: `{result['candidate_model_id']}` (models:/{result['candidate_model_id']})"
+             f"\n- champion before: "
              f"`{result['previous_champion_model_id']}`\n- registered model: `{result['registered_model']}` "
              f"@{result['alias']} = version {result['champion_version']}\n")
     return markdown_report(v, "codemill gate") + links

@@ -1,0 +1,72 @@
+"""The evaluate flow on a HumanEval samples file, and failing closed when the sandbox cannot start."""
+
+from __future__ import annotations
+
+import pytest
+from mlflow import MlflowClient
+
+import codemill.evals.sandbox.runner as runner
+from codemill.evals.humaneval import load_problems, write_samples
+from codemill.evals.sandbox import SandboxUnavailable
+from tests.integration.helpers import small_pipeline_config
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_harness")]
+
+
+@pytest.fixture
+def hf_model(tmp_path):
+    """A tiny untrained HF model folder: the evaluate flow accepts any local model."""
+    from codemill.data.tokenizer import save_tokenizer, train_bpe
+    from codemill.models.build import build_model
+    from codemill.models.trainer import export
+
+    cfg = small_pipeline_config(tmp_path, tmp_path)
+    tok = train_bpe([p.prompt + p.canonical_solution for p in load_problems().values()], 300, 2)
+    save_tokenizer(tok, tmp_path / "tok")
+    model = build_model(cfg.train.model, tok.get_vocab_size(), 128, 0, 1, seed=0)
+    export(model, tmp_path / "tok", tmp_path / "out", {"note": "untrained"})
+    return tmp_path / "out" / "hf"
+
+
+def _config(tmp_path):
+    cfg = small_pipeline_config(tmp_path, tmp_path)
+    cfg.evaluate.suites = ["humaneval"]
+    cfg.evaluate.humaneval.max_problems = 6
+    cfg.gate.enabled = False
+    return cfg
+
+
+def test_samples_file_is_scored_and_logged(hf_model, tmp_path):
+    from codemill.flows.evaluate import evaluate
+
+    problems = list(load_problems().values())[:6]
+    samples = tmp_path / "samples.jsonl"
+    write_samples(samples, [{"task_id": p.task_id, "completion": p.canonical_solution} for p in problems])
+    cfg = _config(tmp_path)
+    out = evaluate(model=str(hf_model), config=cfg, samples_file=str(samples))
+    assert out["scores"]["humaneval_pass_at_1"] == 1.0
+    client = MlflowClient(cfg.mlflow_tracking_uri)
+    model = client.get_logged_model(out["model_id"])
+    (metric,) = [m for m in model.metrics if m.key == "humaneval_pass_at_1"]
+    assert metric.value == 1.0 and metric.dataset_name == "humaneval"
+
+
+def test_unsafe_mode_is_logged_on_the_run(hf_model, tmp_path):
+    from codemill.flows.evaluate import evaluate
+
+    cfg = _config(tmp_path)
+    cfg.evaluate.humaneval.unsafe_no_sandbox = True
+    cfg.evaluate.humaneval.max_problems = 2
+    out = evaluate(model=str(hf_model), config=cfg)
+    run = MlflowClient(cfg.mlflow_tracking_uri).get_run(out["stages"]["eval:humaneval"]["run_id"])
+    assert run.data.tags["codemill.eval.unsafe_no_sandbox"] == "true"
+
+
+def test_evaluation_stops_when_the_sandbox_cannot_start(hf_model, tmp_path, monkeypatch):
+    from codemill.flows.evaluate import evaluate
+
+    real_which = runner.shutil.which
+    monkeypatch.setattr(runner.shutil, "which", lambda name: None if name == "bwrap" else real_which(name))
+    with pytest.raises(SandboxUnavailable, match="bubblewrap"):
+        evaluate(model=str(hf_model), config=_config(tmp_path))
+    assert not list((tmp_path / "store").glob("evaluate/humaneval-*"))
