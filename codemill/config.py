@@ -87,14 +87,28 @@ class ModelConfig(StageConfig):
     rope_theta: float = Field(10000.0, gt=0)
 
 
+class LoraConfig(StageConfig):
+    r: int = Field(8, gt=0)
+    alpha: int = Field(16, gt=0, description="Scaling; usually 2 x r.")
+    dropout: float = Field(0.0, ge=0, lt=1)
+    target_modules: list[str] = Field(["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                       "down_proj"], description="Linear layers that get adapters.")
+
+
 class TrainConfig(StageConfig):
     model: ModelConfig = Field(default_factory=ModelConfig)
-    nproc_per_node: int = Field(2, ge=1, description="torchrun processes (DDP world size on one node).")
+    init_from: str | None = Field(None, description="Pretrained model (local save_pretrained folder or hub "
+                                                   "name) to fine-tune; empty = train from scratch.")
+    lora: LoraConfig | None = Field(None, description="Train LoRA adapters (peft) instead of all weights.")
+    parallelism: Literal["ddp", "fsdp"] = Field("ddp", description="DDP, or FSDP2 (fully_shard per block).")
+    nproc_per_node: int = Field(2, ge=1, description="torchrun processes per node.")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto = cuda when available.")
     max_steps: int = Field(200, gt=0, description="Optimizer steps.")
     micro_batch_size: int = Field(8, gt=0, description="Sequences per rank per micro-step.")
     grad_accum_steps: int = Field(1, gt=0, description="Micro-steps per optimizer step.")
     lr: float = Field(3e-3, gt=0, description="Peak learning rate (AdamW).")
+    schedule: Literal["cosine", "wsd"] = Field("cosine", description="Cosine decay or warmup-stable-decay.")
+    decay_fraction: float = Field(0.2, gt=0, le=1, description="WSD: share of steps spent decaying.")
     min_lr_ratio: float = Field(0.1, ge=0, le=1, description="Final lr as a fraction of the peak (cosine).")
     warmup_steps: int = Field(20, ge=0)
     weight_decay: float = Field(0.1, ge=0)
@@ -103,10 +117,19 @@ class TrainConfig(StageConfig):
     grad_clip: float = Field(1.0, gt=0)
     seed: int = Field(1234)
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="Autocast dtype (bf16 on GPU).")
+    compile: bool = Field(False, description="torch.compile the model (GPU).")
+    document_masking: bool = Field(True, description="Mask attention across packed documents; positions "
+                                                     "restart per document.")
     checkpoint_every: int = runtime_only(default=100, gt=0, description="Steps between resumable checkpoints.")
     keep_checkpoints: int = runtime_only(default=2, ge=1, description="Committed checkpoints kept.")
     log_every: int = runtime_only(default=10, gt=0, description="Steps between metric logs.")
     timeout_s: int = runtime_only(default=3600, gt=0, description="Kill the torchrun job after this long.")
+    async_checkpoint: bool = runtime_only(default=False, description="dcp.async_save; commit after upload.")
+    nnodes: str = runtime_only(default="1", description="torchrun --nnodes (e.g. 2 or 1:4 for elastic).")
+    max_restarts: int = runtime_only(default=0, ge=0, description="torchrun --max-restarts.")
+    rdzv_endpoint: str | None = runtime_only(default=None, description="host:port for multi-node rendezvous; "
+                                                                        "empty = --standalone.")
+    rdzv_id: str = runtime_only(default="codemill", description="Rendezvous job id (same on every node).")
 
 
 class BpbSuiteConfig(StageConfig):

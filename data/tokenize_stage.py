@@ -31,8 +31,8 @@ def run_tokenize(cfg: TokenizeConfig, corpus_dir: Path, out_dir: Path,
         batch = tok.encode_batch(texts[start:start + cfg.batch_size], add_special_tokens=False)
         for enc in batch:
             n_tokens += len(enc.ids) + 1
-            for row in packer.add(enc.ids):
-                writer.add(row)
+            for row, positions in packer.add(enc.ids):
+                writer.add(row, positions)
         if progress:
             progress(min(start + cfg.batch_size, len(texts)), len(texts))
     writer.flush()

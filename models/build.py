@@ -29,3 +29,13 @@ def build_model(cfg: ModelConfig, vocab_size: int, max_len: int, eos_id: int, pa
 
 def count_parameters(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
+
+
+def load_pretrained(name_or_path: str, seed: int) -> torch.nn.Module:
+    """A pretrained causal LM from a local save_pretrained folder or a hub name (full fp32 weights)."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(name_or_path, torch_dtype=torch.float32)
+    model.config.use_cache = False
+    return model

@@ -1,8 +1,10 @@
-"""Resumable checkpoints in a local work directory, committed atomically, pruned only after a commit.
+"""Resumable checkpoints with torch.distributed.checkpoint (DCP), committed atomically, pruned after commit.
 
-A checkpoint is ``<ckpt_root>/step-XXXXXXXX/`` with ``state.pt`` (model, optimizer, scheduler, step) from rank
-0 and ``rng-<rank>.pt`` from every rank. It is built under a dot-prefixed staging name and renamed into place
-once every rank has written its part, so a directory named ``step-*`` is always complete.
+Layout: ``<ckpt_root>/step-XXXXXXXX/`` with ``dcp/`` (model + optimizer, sharded: one file per rank),
+``trainer.pt`` (scheduler, step, loss history; rank 0) and ``rank-<r>.pt`` (each rank's RNG states). It is
+written under a dot-prefixed staging name and renamed into place by rank 0 only after every rank's part is
+on disk, so a ``step-*`` directory is always complete. Old checkpoints are pruned only after the new one is
+committed. DCP reshards on load, so a checkpoint saved by N ranks loads on M.
 """
 
 from __future__ import annotations
@@ -10,11 +12,14 @@ from __future__ import annotations
 import os
 import random
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 PREFIX = "step-"
 
@@ -37,11 +42,8 @@ def set_rng_state(state: dict[str, Any]) -> None:
 def committed_steps(ckpt_root: Path) -> list[int]:
     if not ckpt_root.is_dir():
         return []
-    steps = []
-    for p in ckpt_root.iterdir():
-        if p.is_dir() and p.name.startswith(PREFIX) and (p / "state.pt").exists():
-            steps.append(int(p.name.removeprefix(PREFIX)))
-    return sorted(steps)
+    return sorted(int(p.name.removeprefix(PREFIX)) for p in ckpt_root.iterdir()
+                  if p.is_dir() and p.name.startswith(PREFIX) and (p / "trainer.pt").exists())
 
 
 def step_dir(ckpt_root: Path, step: int) -> Path:
@@ -52,36 +54,76 @@ def staging_dir(ckpt_root: Path, step: int) -> Path:
     return ckpt_root / f".staging-{PREFIX}{step:08d}"
 
 
-def write_rank_part(ckpt_root: Path, step: int, rank: int) -> None:
-    staging = staging_dir(ckpt_root, step)
-    staging.mkdir(parents=True, exist_ok=True)
-    torch.save(rng_state(), staging / f"rng-{rank}.pt")
-
-
-def commit(ckpt_root: Path, step: int, state: dict[str, Any], keep: int) -> Path:
-    """Rank 0, after every rank wrote its part: write state, rename into place, then prune old ones."""
-    staging = staging_dir(ckpt_root, step)
-    tmp = staging / "state.pt.tmp"
-    torch.save(state, tmp)
-    os.replace(tmp, staging / "state.pt")
-    final = step_dir(ckpt_root, step)
-    if final.exists():
-        shutil.rmtree(final)
-    os.rename(staging, final)
-    for old in committed_steps(ckpt_root)[:-keep]:
-        shutil.rmtree(step_dir(ckpt_root, old), ignore_errors=True)
-    return final
-
-
-def load(ckpt_root: Path, step: int, rank: int) -> tuple[dict[str, Any], dict[str, Any]]:
-    d = step_dir(ckpt_root, step)
-    state = torch.load(d / "state.pt", map_location="cpu", weights_only=False)
-    rng = torch.load(d / f"rng-{rank}.pt", map_location="cpu", weights_only=False)
-    return state, rng
-
-
 def clear_staging(ckpt_root: Path) -> None:
     """Remove leftovers of checkpoints a killed run never committed."""
     if ckpt_root.is_dir():
         for p in ckpt_root.glob(f".staging-{PREFIX}*"):
             shutil.rmtree(p, ignore_errors=True)
+
+
+@dataclass
+class Pending:
+    """A checkpoint whose shards are written (or being written asynchronously) but not yet committed."""
+
+    step: int
+    trainer_state: dict[str, Any]
+    future: Any = None
+
+
+class Checkpointer:
+    def __init__(self, ckpt_root: Path, rank: int, keep: int, barrier, async_save: bool = False) -> None:
+        self.root, self.rank, self.keep, self.barrier, self.async_save = ckpt_root, rank, keep, barrier, async_save
+        self.pending: Pending | None = None
+
+    def save(self, step: int, model, optimizer, scheduler, extra: dict[str, Any]) -> None:
+        self.finish()  # one checkpoint in flight at a time
+        staging = staging_dir(self.root, step)
+        if self.rank == 0:
+            staging.mkdir(parents=True, exist_ok=True)
+        self.barrier()
+        torch.save(rng_state(), staging / f"rank-{self.rank}.pt")
+        msd, osd = get_state_dict(model, optimizer)
+        state = {"model": msd, "optim": osd}
+        trainer_state = {"scheduler": scheduler.state_dict(), "step": step, **extra}
+        if self.async_save:
+            self.pending = Pending(step, trainer_state, dcp.async_save(state, checkpoint_id=str(staging / "dcp")))
+        else:
+            dcp.save(state, checkpoint_id=str(staging / "dcp"))
+            self.pending = Pending(step, trainer_state)
+            self.finish()
+
+    def finish(self) -> Path | None:
+        """Wait for the in-flight checkpoint, then commit it (rank 0 renames) and prune older ones."""
+        if self.pending is None:
+            return None
+        p, self.pending = self.pending, None
+        if p.future is not None:
+            result = p.future.result() if hasattr(p.future, "result") else p.future.upload_completion.result()
+            del result
+        self.barrier()
+        final = step_dir(self.root, p.step)
+        if self.rank == 0:
+            staging = staging_dir(self.root, p.step)
+            tmp = staging / "trainer.pt.tmp"
+            torch.save(p.trainer_state, tmp)
+            os.replace(tmp, staging / "trainer.pt")
+            if final.exists():
+                shutil.rmtree(final)
+            os.rename(staging, final)
+            for old in committed_steps(self.root)[:-self.keep]:
+                shutil.rmtree(step_dir(self.root, old), ignore_errors=True)
+        self.barrier()
+        return final
+
+    def load(self, step: int, model, optimizer, scheduler) -> dict[str, Any]:
+        d = step_dir(self.root, step)
+        msd, osd = get_state_dict(model, optimizer)
+        state = {"model": msd, "optim": osd}
+        dcp.load(state, checkpoint_id=str(d / "dcp"))
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        trainer_state = torch.load(d / "trainer.pt", map_location="cpu", weights_only=False)
+        scheduler.load_state_dict(trainer_state["scheduler"])
+        rank_file = d / f"rank-{self.rank}.pt"
+        if rank_file.exists():  # absent when resuming on more ranks than saved
+            set_rng_state(torch.load(rank_file, map_location="cpu", weights_only=False))
+        return trainer_state

@@ -1,9 +1,10 @@
 """The torchrun training entrypoint: ``python -m torch.distributed.run ... -m codemill.models.trainer SPEC``.
 
-SPEC is a JSON file written by the train task (see ``TrainSpec``). Every rank reads the same packed token
-shards through a seeded order; DDP runs when WORLD_SIZE > 1 (gloo on CPU, nccl on CUDA). Rank 0 logs to
-MLflow (when MLFLOW_RUN_ID is set), prints one JSON line per logged step on stdout, checkpoints
-periodically, and finally exports the model and tokenizer in Hugging Face format (safetensors).
+SPEC is a JSON file written by the train task (``TrainSpec``). Every rank reads the same packed token shards
+through a seeded order (the data cursor is the step, so resume is exact). DDP or FSDP2 over gloo (CPU) or
+nccl (CUDA). Rank 0 logs to MLflow (when MLFLOW_RUN_ID is set) and prints one JSON line per logged step.
+Checkpoints are DCP, committed atomically; the final model and tokenizer are exported in Hugging Face
+format (safetensors).
 """
 
 from __future__ import annotations
@@ -23,10 +24,13 @@ from pydantic import BaseModel
 
 from codemill.config import TrainConfig
 from codemill.data.pack import open_token_shards
-from codemill.models import checkpoint as ckpt
-from codemill.models.build import build_model, count_parameters
+from codemill.models import parallel
+from codemill.models.build import build_model, count_parameters, load_pretrained
+from codemill.models.checkpoint import Checkpointer, clear_staging, committed_steps
 from codemill.models.data_order import SequenceOrder, gather_rows
-from codemill.models.schedule import cosine_with_warmup
+from codemill.models.flops import flops_per_token, mfu, peak_flops
+from codemill.models.masking import document_mask
+from codemill.models.schedule import lr_multiplier
 
 
 class TrainSpec(BaseModel):
@@ -39,6 +43,8 @@ class TrainSpec(BaseModel):
     eos_id: int
     pad_id: int
     seq_len: int
+    dataset_name: str = "tokens"
+    dataset_digest: str | None = None
 
 
 def emit(event: str, **fields) -> None:
@@ -46,15 +52,17 @@ def emit(event: str, **fields) -> None:
 
 
 class RankZeroLogger:
-    """MLflow metrics from rank 0 only; a no-op elsewhere or when no run was handed over."""
+    """MLflow from rank 0 only: step metrics, and each committed checkpoint as a LoggedModel."""
 
-    def __init__(self, rank: int) -> None:
+    def __init__(self, rank: int, spec: TrainSpec) -> None:
         self.run_id = os.environ.get("MLFLOW_RUN_ID") if rank == 0 else None
+        self.spec = spec
         self.client = None
         if self.run_id:
             from mlflow import MlflowClient
 
             self.client = MlflowClient()
+            self.experiment_id = self.client.get_run(self.run_id).info.experiment_id
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         if self.client is None:
@@ -64,13 +72,19 @@ class RankZeroLogger:
         now = int(time.time() * 1000)
         self.client.log_batch(self.run_id, metrics=[Metric(k, float(v), now, step) for k, v in metrics.items()])
 
+    def checkpoint(self, step: int, path: Path, loss: float) -> None:
+        if self.client is None:
+            return
+        from mlflow.entities import LoggedModelOutput
 
-def pick_device(cfg: TrainConfig, local_rank: int) -> torch.device:
-    use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
-    if use_cuda:
-        torch.cuda.set_device(local_rank)
-        return torch.device("cuda", local_rank)
-    return torch.device("cpu")
+        m = self.client.create_logged_model(self.experiment_id, name=f"ckpt-step{step}", source_run_id=self.run_id,
+                                            tags={"codemill.checkpoint_path": str(path), "codemill.step": str(step)},
+                                            model_type="dcp-checkpoint")
+        self.client.finalize_logged_model(m.model_id, "READY")
+        self.client.log_outputs(self.run_id, [LoggedModelOutput(m.model_id, step)])
+        digest = (self.spec.dataset_digest or "")[:32] or None
+        self.client.log_metric(self.run_id, "train_loss", loss, step=step, model_id=m.model_id,
+                               dataset_name=self.spec.dataset_name if digest else None, dataset_digest=digest)
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
@@ -82,118 +96,150 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
+def make_model(spec: TrainSpec) -> torch.nn.Module:
+    cfg = spec.train
+    if cfg.init_from:
+        model = load_pretrained(cfg.init_from, seed=cfg.seed)
+    else:
+        model = build_model(cfg.model, spec.vocab_size, spec.seq_len, spec.eos_id, spec.pad_id, cfg.seed)
+    if cfg.lora:
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(model, LoraConfig(r=cfg.lora.r, lora_alpha=cfg.lora.alpha,
+                                                 lora_dropout=cfg.lora.dropout,
+                                                 target_modules=cfg.lora.target_modules, task_type="CAUSAL_LM"))
+    return model
+
+
 def train(spec: TrainSpec) -> dict:
     cfg = spec.train
-    rank = int(os.environ.get("RANK", 0))
-    world = int(os.environ.get("WORLD_SIZE", 1))
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    device = pick_device(cfg, local_rank)
-    distributed = world > 1
-    if distributed:
-        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
-
+    d = parallel.setup(cfg.device)
+    if cfg.device != "cuda" and d.device.type == "cpu":
+        torch.use_deterministic_algorithms(True, warn_only=True)
     ckpt_root = Path(spec.ckpt_dir)
-    if rank == 0:
-        ckpt.clear_staging(ckpt_root)
+    if d.rank == 0:
+        clear_staging(ckpt_root)
+    d.barrier()
     shards = open_token_shards(Path(spec.tokens_dir))
+    positions = open_token_shards(Path(spec.tokens_dir), kind="positions") if cfg.document_masking else []
     rows = np.array([s.shape[0] for s in shards], dtype=np.int64)
     offsets = np.concatenate([[0], np.cumsum(rows)])
     order = SequenceOrder(int(rows.sum()), cfg.seed)
 
-    model = build_model(cfg.model, spec.vocab_size, spec.seq_len, spec.eos_id, spec.pad_id, cfg.seed).to(device)
+    model = make_model(spec).to(d.device)
     n_params = count_parameters(model)
+    mcfg = model.config
+    per_token_flops = flops_per_token(n_params, mcfg.num_hidden_layers, mcfg.num_attention_heads,
+                                      mcfg.hidden_size // mcfg.num_attention_heads, spec.seq_len)
+    peak = peak_flops(torch.cuda.get_device_name(d.device)) if d.device.type == "cuda" else None
+    module = parallel.wrap(model, cfg.parallelism, d, bf16=cfg.dtype == "bfloat16")
+    if cfg.compile:
+        module = torch.compile(module)
     opt = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
-                            fused=device.type == "cuda")
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: cosine_with_warmup(
-        s, warmup=cfg.warmup_steps, total=cfg.max_steps, min_ratio=cfg.min_lr_ratio))
+                            fused=d.device.type == "cuda")
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_multiplier(
+        cfg.schedule, s, warmup=cfg.warmup_steps, total=cfg.max_steps, min_ratio=cfg.min_lr_ratio,
+        decay_fraction=cfg.decay_fraction))
+    ckpt = Checkpointer(ckpt_root, d.rank, cfg.keep_checkpoints, d.barrier,
+                        async_save=cfg.async_checkpoint and d.device.type == "cuda")
 
     start_step, losses = 0, []
-    resumable = ckpt.committed_steps(ckpt_root)
+    resumable = committed_steps(ckpt_root)
     if resumable:
-        state, rng = ckpt.load(ckpt_root, resumable[-1], rank)
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
-        sched.load_state_dict(state["scheduler"])
-        start_step, losses = state["step"], state["losses"]
-        ckpt.set_rng_state(rng)
-        if rank == 0:
+        state = ckpt.load(resumable[-1], model, opt, sched)
+        start_step, losses = state["step"], list(state["losses"])
+        if d.rank == 0:
             emit("resumed", step=start_step)
 
-    ddp = torch.nn.parallel.DistributedDataParallel(model) if distributed else model
-    autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if cfg.dtype == "bfloat16"
-                else nullcontext())
-    logger = RankZeroLogger(rank)
-    if rank == 0:
-        emit("start", params=n_params, world=world, device=str(device), sequences=int(rows.sum()),
-             start_step=start_step, max_steps=cfg.max_steps)
-    tokens_per_step = world * cfg.micro_batch_size * cfg.grad_accum_steps * spec.seq_len
+    autocast = (torch.autocast(d.device.type, dtype=torch.bfloat16)
+                if cfg.dtype == "bfloat16" and cfg.parallelism == "ddp" else nullcontext())
+    logger = RankZeroLogger(d.rank, spec)
+    if d.rank == 0:
+        emit("start", params=n_params, world=d.world, device=str(d.device), sequences=int(rows.sum()),
+             start_step=start_step, max_steps=cfg.max_steps, parallelism=cfg.parallelism)
+    tokens_per_step = d.world * cfg.micro_batch_size * cfg.grad_accum_steps * spec.seq_len
     t_last, steps_since = time.perf_counter(), 0
     train_start = time.perf_counter()
-    ddp.train()
+    module.train()
     for step in range(start_step, cfg.max_steps):
         opt.zero_grad(set_to_none=True)
-        loss_sum = torch.zeros((), device=device)
+        loss_sum = torch.zeros((), device=d.device)
         for micro in range(cfg.grad_accum_steps):
-            ids = order.indices(step, micro, rank, world=world, micro_batch=cfg.micro_batch_size,
+            ids = order.indices(step, micro, d.rank, world=d.world, micro_batch=cfg.micro_batch_size,
                                 accum=cfg.grad_accum_steps)
-            batch = torch.from_numpy(gather_rows(shards, offsets, ids)).to(device)
-            sync = nullcontext() if (not distributed or micro == cfg.grad_accum_steps - 1) else ddp.no_sync()
-            with sync, autocast:
-                loss = ddp(input_ids=batch, labels=batch).loss / cfg.grad_accum_steps
+            batch = torch.from_numpy(gather_rows(shards, offsets, ids)).to(d.device)
+            kwargs = {}
+            if positions:
+                pos = torch.from_numpy(gather_rows(positions, offsets, ids)).to(d.device)
+                kwargs = {"position_ids": pos, "attention_mask": document_mask(pos)}
+            last = micro == cfg.grad_accum_steps - 1
+            with parallel.set_grad_sync(module, cfg.parallelism, last), autocast:
+                loss = module(input_ids=batch, labels=batch, **kwargs).loss / cfg.grad_accum_steps
                 loss.backward()
             loss_sum += loss.detach()
-        grad_norm = torch.nn.utils.clip_grad_norm_(ddp.parameters(), cfg.grad_clip)
+        grad_norm = parallel.as_float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip))
         opt.step()
         sched.step()
-        if distributed:
-            dist.all_reduce(loss_sum, op=dist.ReduceOp.AVG)
+        if d.distributed:
+            dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM)
+            loss_sum /= d.world
         losses.append(float(loss_sum))
         steps_since += 1
         done = step + 1
-        if rank == 0 and (done % cfg.log_every == 0 or done == cfg.max_steps):
+        if d.rank == 0 and (done % cfg.log_every == 0 or done == cfg.max_steps):
             now = time.perf_counter()
             tps = tokens_per_step * steps_since / (now - t_last)
             t_last, steps_since = now, 0
-            metrics = {"train_loss": losses[-1], "lr": sched.get_last_lr()[0], "grad_norm": float(grad_norm),
+            metrics = {"train_loss": losses[-1], "lr": sched.get_last_lr()[0], "grad_norm": grad_norm,
                        "tokens_per_s": tps, "tokens_seen": done * tokens_per_step}
+            util = mfu(tps, per_token_flops, d.world, peak)
+            if util is not None:
+                metrics["mfu"] = util
             logger.log(metrics, step=done)
             emit("step", step=done, max_steps=cfg.max_steps, **metrics)
         if done % cfg.checkpoint_every == 0 and done < cfg.max_steps:
-            save_checkpoint(ckpt_root, done, rank, distributed, model, opt, sched, losses, cfg.keep_checkpoints)
+            ckpt.save(done, model, opt, sched, {"losses": list(losses)})
+            if d.rank == 0:
+                emit("checkpoint", step=done)
+                logger.checkpoint(done, ckpt_root, losses[-1])
+    ckpt.finish()
 
-    summary = {"params": n_params, "world_size": world, "steps": cfg.max_steps, "tokens_per_step": tokens_per_step,
+    summary = {"params": n_params, "world_size": d.world, "steps": cfg.max_steps, "tokens_per_step": tokens_per_step,
                "tokens_seen": cfg.max_steps * tokens_per_step, "losses": losses,
                "final_loss": float(np.mean(losses[-max(1, min(10, len(losses))):])),
-               "resumed_from": start_step, "wall_s": time.perf_counter() - train_start}
-    if rank == 0:
-        export(model, Path(spec.tokenizer_dir), Path(spec.out_dir), summary)
+               "resumed_from": start_step, "wall_s": time.perf_counter() - train_start,
+               "parallelism": cfg.parallelism}
+    export(model, spec, summary, d)
+    if d.rank == 0:
         emit("done", final_loss=summary["final_loss"])
-    if distributed:
+    if d.distributed:
         dist.barrier()
         dist.destroy_process_group()
     return summary
 
 
-def save_checkpoint(ckpt_root: Path, step: int, rank: int, distributed: bool, model, opt, sched,
-                    losses: list[float], keep: int) -> None:
-    if rank == 0:
-        ckpt.staging_dir(ckpt_root, step).mkdir(parents=True, exist_ok=True)
-    if distributed:
-        dist.barrier()
-    ckpt.write_rank_part(ckpt_root, step, rank)
-    if distributed:
-        dist.barrier()
-    if rank == 0:
-        ckpt.commit(ckpt_root, step, {"model": model.state_dict(), "optimizer": opt.state_dict(),
-                                      "scheduler": sched.state_dict(), "step": step, "losses": list(losses)},
-                    keep)
-        emit("checkpoint", step=step)
-    if distributed:
-        dist.barrier()
+def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Unsharded, on CPU (a collective under FSDP: every rank calls it)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
-def export(model: torch.nn.Module, tokenizer_dir: Path, out_dir: Path, summary: dict) -> None:
-    """Final model + tokenizer in Hugging Face format (safetensors), loadable by from_pretrained."""
+def export(model: torch.nn.Module, spec: TrainSpec, summary: dict, d: parallel.Dist) -> None:
+    """Final model + tokenizer in Hugging Face format (safetensors), loadable by from_pretrained.
+
+    LoRA adapters are merged into the base weights, so the export is a plain model."""
+    state = full_state_dict(model)
+    if d.rank != 0:
+        return
+    fresh = make_model(spec)
+    fresh.load_state_dict(state)
+    if spec.train.lora:
+        fresh = fresh.merge_and_unload()
+    write_export(fresh, Path(spec.tokenizer_dir), Path(spec.out_dir), summary)
+
+
+def write_export(model: torch.nn.Module, tokenizer_dir: Path, out_dir: Path, summary: dict) -> None:
     hf_dir = out_dir / "hf"
     model.config.use_cache = True
     model.save_pretrained(str(hf_dir), safe_serialization=True)

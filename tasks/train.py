@@ -20,7 +20,7 @@ from codemill.store import ArtifactRef, ArtifactStore, ArtifactWriter, Manifest
 from codemill.tasks.common import RunContext, StageResult, artifact_cache_key, run_stage
 
 STAGE = "train"
-TRAIN_CODE_VERSION = "train-v1"
+TRAIN_CODE_VERSION = "train-v2"
 
 
 def plan_train(store: ArtifactStore, cfg: TrainConfig, tokens: ArtifactRef) -> ArtifactRef:
@@ -60,7 +60,8 @@ def train_task(ref: ArtifactRef, ctx: RunContext, cfg: TrainConfig, tokens: Arti
         ckpt_dir = Path(ctx.work_dir).absolute() / "train" / f"{ref.name}-{ref.short}" / "checkpoints"
         spec = TrainSpec(train=cfg, tokens_dir=str(tok_dir / "train"), tokenizer_dir=str(tok_dir / "tokenizer"),
                          out_dir=str(w.dir), ckpt_dir=str(ckpt_dir), vocab_size=tok_stats["vocab_size"],
-                         eos_id=tok_stats["eos_id"], pad_id=tok_stats["eos_id"] + 1, seq_len=tok_stats["seq_len"])
+                         eos_id=tok_stats["eos_id"], pad_id=tok_stats["eos_id"] + 1, seq_len=tok_stats["seq_len"],
+                         dataset_name="tokens", dataset_digest=tokens.digest)
         spec_path = w.dir.parent / f"{w.dir.name}.spec.json"
         spec_path.write_text(spec.model_dump_json())
         env = {**os.environ, "MLFLOW_TRACKING_URI": ctx.tracking_uri, "MLFLOW_RUN_ID": run_id,
@@ -68,13 +69,15 @@ def train_task(ref: ArtifactRef, ctx: RunContext, cfg: TrainConfig, tokens: Arti
                "TQDM_DISABLE": "1"}
         progress.sink().stage(STAGE, f"torchrun x{cfg.nproc_per_node}")
         try:
-            run_streaming(torchrun_command(str(spec_path), cfg.nproc_per_node), env, cfg.timeout_s,
+            cmd = torchrun_command(str(spec_path), cfg.nproc_per_node, nnodes=cfg.nnodes, max_restarts=cfg.max_restarts,
+                                   rdzv_endpoint=cfg.rdzv_endpoint, rdzv_id=cfg.rdzv_id)
+            run_streaming(cmd, env, cfg.timeout_s,
                           on_line=lambda line: _on_trainer_line(logger, line))
         finally:
             spec_path.unlink(missing_ok=True)
         summary = json.loads((w.dir / "train_summary.json").read_text())
         stats = {k: summary[k] for k in ("params", "world_size", "steps", "tokens_per_step", "tokens_seen",
-                                         "final_loss", "resumed_from", "wall_s")}
+                                         "final_loss", "resumed_from", "wall_s", "parallelism")}
         stats["first_loss"] = summary["losses"][0] if summary["losses"] else None
         manifest = w.finish(code_version=TRAIN_CODE_VERSION, config=cfg.digest_config(),
                             inputs={"tokens": tokens}, stats=stats)

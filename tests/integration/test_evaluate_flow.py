@@ -18,13 +18,13 @@ def hf_model(tmp_path):
     """A tiny untrained HF model folder: the evaluate flow accepts any local model."""
     from codemill.data.tokenizer import save_tokenizer, train_bpe
     from codemill.models.build import build_model
-    from codemill.models.trainer import export
+    from codemill.models.trainer import write_export
 
     cfg = small_pipeline_config(tmp_path, tmp_path)
     tok = train_bpe([p.prompt + p.canonical_solution for p in load_problems().values()], 300, 2)
     save_tokenizer(tok, tmp_path / "tok")
     model = build_model(cfg.train.model, tok.get_vocab_size(), 128, 0, 1, seed=0)
-    export(model, tmp_path / "tok", tmp_path / "out", {"note": "untrained"})
+    write_export(model, tmp_path / "tok", tmp_path / "out", {"note": "untrained"})
     return tmp_path / "out" / "hf"
 
 

@@ -16,8 +16,15 @@ def test_packing_inserts_eos_and_cuts_fixed_rows():
 
 def test_packer_reports_leftover():
     p = Packer(eos_id=0, seq_len=5)
-    out = [r.tolist() for ids in ([1, 2, 3], [4, 5, 6]) for r in p.add(ids)]
-    assert out == [[1, 2, 3, 0, 4]] and p.leftover == 3
+    out = [(r.tolist(), pos.tolist()) for ids in ([1, 2, 3], [4, 5, 6]) for r, pos in p.add(ids)]
+    assert out == [([1, 2, 3, 0, 4], [0, 1, 2, 3, 0])] and p.leftover == 3
+
+
+def test_positions_restart_per_document_and_per_row():
+    p = Packer(eos_id=0, seq_len=4)
+    rows = [(r.tolist(), pos.tolist()) for ids in ([5, 6], [7, 8, 9, 10, 11]) for r, pos in p.add(ids)]
+    # docs: [5 6 EOS] [7 8 9 10 11 EOS]; the second continues into row 2, where it restarts at 0
+    assert rows == [([5, 6, 0, 7], [0, 1, 2, 0]), ([8, 9, 10, 11], [0, 1, 2, 3])]
 
 
 def test_shard_writer_memmaps(tmp_path):
@@ -27,6 +34,7 @@ def test_shard_writer_memmaps(tmp_path):
     w.flush()
     shards = open_token_shards(tmp_path / "train")
     assert [s.shape for s in shards] == [(2, 3), (2, 3), (1, 3)]
+    assert [s.shape for s in open_token_shards(tmp_path / "train", "positions")] == [(2, 3), (2, 3), (1, 3)]
     assert isinstance(shards[0], np.memmap) and shards[0].dtype == np.uint16
     assert shards[2][0].tolist() == [4, 4, 4]
 
