@@ -69,9 +69,15 @@ class IngestConfig(StageConfig):
 
 
 class TokenizeConfig(StageConfig):
+    base_tokenizer: str | None = Field(None, description="Use this model's tokenizer (local folder or hub name) "
+                                                         "instead of training one; default: train.init_from.")
     vocab_size: int = Field(4096, ge=260, description="BPE vocabulary size (including special tokens).")
     min_frequency: int = Field(2, ge=1, description="Minimum pair frequency for a BPE merge.")
     seq_len: int = Field(256, ge=8, description="Tokens per packed training sequence.")
+    fim_rate: float = Field(0.5, ge=0, le=1, description="Share of documents turned fill-in-the-middle "
+                                                         "(StarCoder: 0.5).")
+    fim_spm_rate: float = Field(0.5, ge=0, le=1, description="Share of FIM documents in SPM order (else PSM).")
+    seed: int = Field(0, description="Seed of the per-document FIM choices.")
     sequences_per_shard: int = Field(4096, gt=0, description="Packed sequences per token shard.")
     batch_size: int = runtime_only(default=256, gt=0, description="Files per encode_batch call.")
 

@@ -1,53 +1,98 @@
-"""The tokenize stage as one pure function: train BPE on train, encode in batches, pack, write shards."""
+"""The tokenizer and tokenize stages as pure functions.
+
+tokenizer: train a byte-level BPE on the train split, or take a base model's tokenizer (adding pad and FIM
+sentinels). tokenize: stream the train shards, apply FIM, encode each shard with the Rust batch encoder
+(parallel), pack into fixed-length rows with positions, write shards as they fill (bounded memory).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import json
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import polars as pl
+from tokenizers import Tokenizer
+
 from codemill.config import TokenizeConfig
-from codemill.data.corpus import read_split
+from codemill.data import fim
 from codemill.data.pack import Packer, ShardWriter, token_dtype
-from codemill.data.tokenizer import EOS_TOKEN, save_tokenizer, train_bpe
+from codemill.data.tokenizer import prepare_base_tokenizer, save_tokenizer, train_bpe
 
-TOKENIZE_CODE_VERSION = "tokenize-v1"
+TOKENIZER_CODE_VERSION = "tokenizer-v2"
+TOKENIZE_CODE_VERSION = "tokenize-v2"
 
 
-def run_tokenize(cfg: TokenizeConfig, corpus_dir: Path, out_dir: Path,
-                 progress: Callable[[int, int], None] | None = None) -> dict:
-    train = read_split(corpus_dir, "train")
-    if train.height == 0:
+def train_shards(corpus_dir: Path) -> list[Path]:
+    shards = sorted((corpus_dir / "train").glob("*.parquet"))
+    if not shards:
         raise ValueError(f"{corpus_dir}: the train split is empty; nothing to tokenize")
-    texts = train["content"].to_list()
-    tok = train_bpe(texts, cfg.vocab_size, cfg.min_frequency)
-    save_tokenizer(tok, out_dir / "tokenizer")
-    eos_id = tok.token_to_id(EOS_TOKEN)
-    vocab = tok.get_vocab_size()
-    dtype = token_dtype(vocab)
-    writer = ShardWriter(out_dir / "train", cfg.seq_len, dtype, cfg.sequences_per_shard)
-    packer = Packer(eos_id, cfg.seq_len)
-    n_tokens = 0
-    for start in range(0, len(texts), cfg.batch_size):
-        batch = tok.encode_batch(texts[start:start + cfg.batch_size], add_special_tokens=False)
-        for enc in batch:
-            n_tokens += len(enc.ids) + 1
-            for row, positions in packer.add(enc.ids):
-                writer.add(row, positions)
+    return shards
+
+
+def iter_texts(shards: list[Path]) -> Iterator[list[str]]:
+    for shard in shards:
+        yield pl.read_parquet(shard, columns=["content"])["content"].to_list()
+
+
+def build_tokenizer(cfg: TokenizeConfig, corpus_dir: Path, out_dir: Path) -> dict:
+    if cfg.base_tokenizer:
+        return prepare_base_tokenizer(cfg.base_tokenizer, out_dir)
+    texts = (t for batch in iter_texts(train_shards(corpus_dir)) for t in batch)
+    return save_tokenizer(train_bpe(texts, cfg.vocab_size, cfg.min_frequency), out_dir)
+
+
+class DocumentEncoder:
+    """Encode a batch of documents (FIM applied per document) in one parallel encode_batch call."""
+
+    def __init__(self, tok: Tokenizer, info: dict, cfg: TokenizeConfig) -> None:
+        self.tok, self.cfg = tok, cfg
+        self.fim_ids = fim.FimIds(*info["fim_ids"])
+
+    def encode(self, texts: list[str], hashes: list[str]) -> tuple[list[list[int]], int]:
+        plans = [fim.plan(t, fim.doc_rng(self.cfg.seed, h), self.cfg.fim_rate, self.cfg.fim_spm_rate)
+                 for t, h in zip(texts, hashes, strict=True)]
+        flat = [part for _, parts in plans for part in parts]
+        encoded = self.tok.encode_batch_fast(flat, add_special_tokens=False) if hasattr(
+            self.tok, "encode_batch_fast") else self.tok.encode_batch(flat, add_special_tokens=False)
+        out, i, n_fim = [], 0, 0
+        for mode, parts in plans:
+            ids = [encoded[i + k].ids for k in range(len(parts))]
+            i += len(parts)
+            n_fim += mode != "plain"
+            out.append(fim.assemble(mode, ids, self.fim_ids))
+        return out, n_fim
+
+
+def run_tokenize(cfg: TokenizeConfig, corpus_dir: Path, tokenizer_dir: Path, out_dir: Path,
+                 progress: Callable[[int, int], None] | None = None) -> dict:
+    info = json.loads((tokenizer_dir / "tokenizer_info.json").read_text())
+    tok = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
+    encoder = DocumentEncoder(tok, info, cfg)
+    writer = ShardWriter(out_dir / "train", cfg.seq_len, token_dtype(info["vocab_size"]), cfg.sequences_per_shard)
+    packer = Packer(info["eos_id"], cfg.seq_len)
+    shards = train_shards(corpus_dir)
+    n_tokens = n_files = n_bytes = n_fim = 0
+    for i, shard in enumerate(shards):
+        df = pl.read_parquet(shard, columns=["content", "sha256", "bytes"])
+        for start in range(0, df.height, cfg.batch_size):
+            part = df.slice(start, cfg.batch_size)
+            docs, fims = encoder.encode(part["content"].to_list(), part["sha256"].to_list())
+            n_fim += fims
+            for ids in docs:
+                n_tokens += len(ids) + 1
+                for row, positions in packer.add(ids):
+                    writer.add(row, positions)
+        n_files += df.height
+        n_bytes += int(df["bytes"].sum())
         if progress:
-            progress(min(start + cfg.batch_size, len(texts)), len(texts))
+            progress(i + 1, len(shards))
     writer.flush()
-    n_bytes = int(train["bytes"].sum())
+    sequences = sum(s["rows"] for s in writer.shards)
     return {
-        "vocab_size": vocab,
-        "eos_id": eos_id,
-        "dtype": dtype.name,
-        "seq_len": cfg.seq_len,
-        "files": train.height,
-        "bytes": n_bytes,
-        "tokens": n_tokens,
-        "tokens_packed": sum(s["rows"] for s in writer.shards) * cfg.seq_len,
-        "tokens_dropped": packer.leftover,
-        "sequences": sum(s["rows"] for s in writer.shards),
-        "bytes_per_token": round(n_bytes / max(n_tokens, 1), 4),
+        "vocab_size": info["vocab_size"], "eos_id": info["eos_id"], "pad_id": info["pad_id"],
+        "dtype": token_dtype(info["vocab_size"]).name, "seq_len": cfg.seq_len, "files": n_files, "bytes": n_bytes,
+        "tokens": n_tokens, "tokens_packed": sequences * cfg.seq_len, "tokens_dropped": packer.leftover,
+        "sequences": sequences, "fim_documents": n_fim, "bytes_per_token": round(n_bytes / max(n_tokens, 1), 4),
         "shards": writer.shards,
     }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -9,7 +10,9 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 EOS_TOKEN = "<|endoftext|>"
 PAD_TOKEN = "<|pad|>"
-SPECIAL_TOKENS = [EOS_TOKEN, PAD_TOKEN]
+FIM_PREFIX, FIM_MIDDLE, FIM_SUFFIX = "<fim_prefix>", "<fim_middle>", "<fim_suffix>"
+FIM_TOKENS = [FIM_PREFIX, FIM_MIDDLE, FIM_SUFFIX]
+SPECIAL_TOKENS = [EOS_TOKEN, PAD_TOKEN, *FIM_TOKENS]
 
 
 def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int) -> Tokenizer:
@@ -24,15 +27,40 @@ def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int) -> Toke
     return tok
 
 
-def save_tokenizer(tok: Tokenizer, out_dir: Path) -> None:
+def save_tokenizer(tok: Tokenizer, out_dir: Path) -> dict:
     """tokenizer.json plus a transformers-loadable folder (AutoTokenizer.from_pretrained)."""
     from transformers import PreTrainedTokenizerFast
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tok.save(str(out_dir / "tokenizer.json"))
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS_TOKEN, bos_token=EOS_TOKEN,
-                                   pad_token=PAD_TOKEN, unk_token=None)
+                                   pad_token=PAD_TOKEN, unk_token=None,
+                                   additional_special_tokens=FIM_TOKENS)
+    return save_fast_tokenizer(fast, out_dir, source="trained")
+
+
+def prepare_base_tokenizer(name_or_path: str, out_dir: Path) -> dict:
+    """A base model's tokenizer (local folder or hub name), with pad and FIM sentinels added if missing."""
+    from transformers import AutoTokenizer
+
+    fast = AutoTokenizer.from_pretrained(name_or_path, use_fast=True)
+    if fast.eos_token is None:
+        raise ValueError(f"{name_or_path}: the tokenizer has no EOS token to separate documents")
+    missing = [t for t in FIM_TOKENS if t not in fast.get_vocab()]
+    if missing:
+        fast.add_special_tokens({"additional_special_tokens": missing}, replace_additional_special_tokens=False)
+    if fast.pad_token is None:
+        fast.add_special_tokens({"pad_token": PAD_TOKEN})
+    return save_fast_tokenizer(fast, out_dir, source=name_or_path)
+
+
+def save_fast_tokenizer(fast, out_dir: Path, source: str) -> dict:
+    out_dir.mkdir(parents=True, exist_ok=True)
     fast.save_pretrained(str(out_dir / "hf"))
+    fast.backend_tokenizer.save(str(out_dir / "tokenizer.json"))
+    vocab = fast.get_vocab()
+    info = {"source": source, "vocab_size": len(fast), "eos_id": fast.eos_token_id, "pad_id": fast.pad_token_id,
+            "bos_id": fast.bos_token_id, "fim_ids": [vocab[t] for t in FIM_TOKENS]}
+    (out_dir / "tokenizer_info.json").write_text(json.dumps(info, indent=2))
+    return info
 
 
 def load_tokenizer(tok_dir: Path) -> Tokenizer:

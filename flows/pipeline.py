@@ -15,7 +15,7 @@ from codemill.store import ArtifactStore
 from codemill.tasks.common import RunContext
 from codemill.tasks.ingest import fingerprint_sources_task, ingest_task, plan_ingest
 from codemill.tasks.models import from_train_artifact
-from codemill.tasks.tokenize import plan_tokenize, tokenize_task
+from codemill.tasks.tokenize import plan_tokenize, plan_tokenizer, tokenize_task, tokenizer_task
 from codemill.tasks.train import plan_train, train_task
 
 
@@ -47,17 +47,23 @@ def pipeline(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:  # no
         sources = fingerprint_sources_task(config.ingest)
         corpus = run_stage_task(ingest_task, store, ref=plan_ingest(store, config.ingest, sources), ctx=ctx,
                                 cfg=config.ingest, sources=sources)
-        tokens = run_stage_task(tokenize_task, store, ref=plan_tokenize(store, config.tokenize, corpus.ref),
-                                ctx=ctx, cfg=config.tokenize, corpus=corpus.ref)
+        tok_cfg = config.tokenize
+        if config.train.init_from and not tok_cfg.base_tokenizer:  # fine-tuning: the base model's tokenizer
+            tok_cfg = tok_cfg.model_copy(update={"base_tokenizer": config.train.init_from})
+        tokenizer = run_stage_task(tokenizer_task, store, ref=plan_tokenizer(store, tok_cfg, corpus.ref), ctx=ctx,
+                                   cfg=tok_cfg, corpus=corpus.ref)
+        tokens = run_stage_task(tokenize_task, store, ref=plan_tokenize(store, tok_cfg, corpus.ref, tokenizer.ref),
+                                ctx=ctx, cfg=tok_cfg, corpus=corpus.ref, tokenizer=tokenizer.ref)
         model = run_stage_task(train_task, store, ref=plan_train(store, config.train, tokens.ref), ctx=ctx,
-                               cfg=config.train, tokens=tokens.ref)
+                               cfg=config.train, tokens=tokens.ref, tokenizer=tokenizer.ref)
         candidate = from_train_artifact(ctx, model.ref, model.model_id)
         evals = evaluate_model(ctx, store, config, candidate, corpus.ref)
         verdict = gate_against_champion(ctx, store, config, candidate, corpus.ref, evals)
     except BaseException:
         lineage.end_run(parent, failed=True)
         raise
-    stages = {"ingest": corpus, "tokenize": tokens, "train": model, **{f"eval:{k}": v for k, v in evals.items()}}
+    stages = {"ingest": corpus, "tokenizer": tokenizer, "tokenize": tokens, "train": model,
+              **{f"eval:{k}": v for k, v in evals.items()}}
     lineage.tag(parent, {**{f"codemill.{k}.status": v.status for k, v in stages.items()},
                          **{f"codemill.{k}.digest": v.ref.digest for k, v in stages.items()},
                          "codemill.model_id": model.model_id})

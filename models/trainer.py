@@ -100,6 +100,8 @@ def make_model(spec: TrainSpec) -> torch.nn.Module:
     cfg = spec.train
     if cfg.init_from:
         model = load_pretrained(cfg.init_from, seed=cfg.seed)
+        if model.get_input_embeddings().num_embeddings < spec.vocab_size:  # pad / FIM tokens were added
+            model.resize_token_embeddings(spec.vocab_size)
     else:
         model = build_model(cfg.model, spec.vocab_size, spec.seq_len, spec.eos_id, spec.pad_id, cfg.seed)
     if cfg.lora:

@@ -50,7 +50,8 @@ def _record(store: ArtifactStore, tokens: ArtifactRef, cfg: TrainConfig):
 
 
 @task(name="train", cache_key_fn=artifact_cache_key, persist_result=True, cache_result_in_memory=False)
-def train_task(ref: ArtifactRef, ctx: RunContext, cfg: TrainConfig, tokens: ArtifactRef) -> StageResult:
+def train_task(ref: ArtifactRef, ctx: RunContext, cfg: TrainConfig, tokens: ArtifactRef,
+               tokenizer: ArtifactRef) -> StageResult:
     logger = get_run_logger()
     store = ctx.store()
 
@@ -58,9 +59,10 @@ def train_task(ref: ArtifactRef, ctx: RunContext, cfg: TrainConfig, tokens: Arti
         tok_dir = store.local_path(tokens)
         tok_stats = store.read_manifest(tokens).stats
         ckpt_dir = Path(ctx.work_dir).absolute() / "train" / f"{ref.name}-{ref.short}" / "checkpoints"
-        spec = TrainSpec(train=cfg, tokens_dir=str(tok_dir / "train"), tokenizer_dir=str(tok_dir / "tokenizer"),
-                         out_dir=str(w.dir), ckpt_dir=str(ckpt_dir), vocab_size=tok_stats["vocab_size"],
-                         eos_id=tok_stats["eos_id"], pad_id=tok_stats["eos_id"] + 1, seq_len=tok_stats["seq_len"],
+        spec = TrainSpec(train=cfg, tokens_dir=str(tok_dir / "train"),
+                         tokenizer_dir=str(store.local_path(tokenizer)), out_dir=str(w.dir), ckpt_dir=str(ckpt_dir),
+                         vocab_size=tok_stats["vocab_size"], eos_id=tok_stats["eos_id"], pad_id=tok_stats["pad_id"],
+                         seq_len=tok_stats["seq_len"],
                          dataset_name="tokens", dataset_digest=tokens.digest)
         spec_path = w.dir.parent / f"{w.dir.name}.spec.json"
         spec_path.write_text(spec.model_dump_json())

@@ -39,7 +39,7 @@ def test_ingest_killed_after_half_the_shards(small_corpus, tmp_path, monkeypatch
     monkeypatch.setattr(corpus_mod, "write_parquet_shard", real_write)
     out = pipeline(config=cfg)
     store = ArtifactStore(cfg.store_root)
-    assert [st["status"] for st in out["stages"].values()] == ["ran"] * 6
+    assert [st["status"] for st in out["stages"].values()] == ["ran"] * 7
     corpus = ArtifactRef.model_validate(out["stages"]["ingest"]["ref"])
     stats = store.read_manifest(corpus).stats
     assert sum(s["rows"] for s in stats["shards"]["train"] + stats["shards"]["val"]) == stats["files_kept"]

@@ -40,7 +40,8 @@ def _ref(stage_result: dict) -> ArtifactRef:
 def test_every_stage_ran_and_committed_a_manifest(runs):
     cfg, first, _, _ = runs
     store = ArtifactStore(cfg.store_root)
-    assert list(first["stages"]) == ["ingest", "tokenize", "train", "eval:bpb", "eval:completion", "eval:humaneval"]
+    assert list(first["stages"]) == ["ingest", "tokenizer", "tokenize", "train", "eval:bpb", "eval:completion",
+                                     "eval:humaneval"]
     for name, st in first["stages"].items():
         assert st["status"] == "ran", name
         ref = _ref(st)
@@ -55,7 +56,9 @@ def test_manifests_repeat_the_chain(runs):
     cfg, first, _, _ = runs
     store = ArtifactStore(cfg.store_root)
     st = {k: _ref(v) for k, v in first["stages"].items()}
-    assert store.read_manifest(st["tokenize"]).inputs == {"corpus": st["ingest"].digest}
+    assert store.read_manifest(st["tokenizer"]).inputs == {"corpus": st["ingest"].digest}
+    assert store.read_manifest(st["tokenize"]).inputs == {"corpus": st["ingest"].digest,
+                                                          "tokenizer": st["tokenizer"].digest}
     assert store.read_manifest(st["train"]).inputs == {"tokens": st["tokenize"].digest}
     for suite in ("bpb", "completion"):
         assert store.read_manifest(st[f"eval:{suite}"]).inputs == {"model": st["train"].digest,
@@ -83,7 +86,7 @@ def test_val_bpb_finite_and_better_than_untrained(runs):
     assert first["scores"]["val_bpb_ci_low"] <= bpb <= first["scores"]["val_bpb_ci_high"]
     tok_stats = store.read_manifest(_ref(first["stages"]["tokenize"])).stats
     untrained = build_model(cfg.train.model, tok_stats["vocab_size"], tok_stats["seq_len"], tok_stats["eos_id"],
-                            tok_stats["eos_id"] + 1, cfg.train.seed)
+                            tok_stats["pad_id"], cfg.train.seed)
     trained = load_eval_model(store.local_path(_ref(first["stages"]["train"])) / "hf", torch.device("cpu"))
     val = load_val_files(store.local_path(_ref(first["stages"]["ingest"])), cfg.evaluate.bpb.max_files)
     clusters = [f"c{i}" for i in range(val.height)]
@@ -143,6 +146,13 @@ def test_mlflow_chain_from_eval_metric_to_source_directory(runs):
     assert {"model.safetensors", "config.json", "tokenizer.json"} <= names
     train_run = client.get_run(model.source_run_id)
     assert train_run.data.tags["codemill.stage"] == "train"
+    # every committed checkpoint is a LoggedModel of the training run, with its step and training dataset
+    ckpts = client.search_logged_models([train_run.info.experiment_id],
+                                        filter_string=f"source_run_id = '{train_run.info.run_id}'")
+    steps = sorted(int(m.tags["codemill.step"]) for m in ckpts if "codemill.step" in m.tags)
+    assert steps == list(range(cfg.train.checkpoint_every, cfg.train.max_steps, cfg.train.checkpoint_every))
+    ckpt_metric = [x for m in ckpts if "codemill.step" in m.tags for x in m.metrics][0]
+    assert ckpt_metric.dataset_digest == mlflow_digest(st["tokenize"].digest)
     assert "train_loss" in train_run.data.metrics and "tokens_per_s" in train_run.data.metrics
 
     # 3. the training run's input dataset is the token artifact
@@ -154,7 +164,7 @@ def test_mlflow_chain_from_eval_metric_to_source_directory(runs):
     # 4. the tokenize run that produced it read the corpus
     (tok_run,) = client.search_runs([eval_run.info.experiment_id],
                                     f"tags.`codemill.output_digest` = '{st['tokenize'].digest}'")
-    (corpus_in,) = tok_run.inputs.dataset_inputs
+    (corpus_in,) = [d for d in tok_run.inputs.dataset_inputs if d.dataset.name == "corpus"]
     assert corpus_in.dataset.digest == mlflow_digest(st["ingest"].digest)
     assert json.loads(corpus_in.dataset.source)["uri"] == st["ingest"].uri
 

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 
 from codemill.config import IngestConfig, ModelConfig, SourceConfig, TokenizeConfig, TrainConfig
 from codemill.data.ingest import run_ingest
-from codemill.data.tokenize_stage import run_tokenize
+from codemill.data.tokenize_stage import build_tokenizer, run_tokenize
 from codemill.models.checkpoint import committed_steps
 from codemill.models.launch import torchrun_command
 from codemill.models.trainer import TrainSpec
@@ -27,8 +27,9 @@ STEPS, EVERY, KILL_AT = 16, 5, 12
 def tokens(small_corpus, tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("resume-data")
     run_ingest(IngestConfig(sources=[SourceConfig(path=str(small_corpus))], val_fraction=0.2), root / "corpus")
-    stats = run_tokenize(TokenizeConfig(vocab_size=512, seq_len=64, sequences_per_shard=300), root / "corpus",
-                         root / "tokens")
+    cfg = TokenizeConfig(vocab_size=512, seq_len=64, sequences_per_shard=300)
+    build_tokenizer(cfg, root / "corpus", root / "tokenizer")
+    stats = run_tokenize(cfg, root / "corpus", root / "tokenizer", root / "tokens")
     (root / "tokens" / "stats.json").write_text(json.dumps(stats))
     return root / "tokens"
 
@@ -40,9 +41,9 @@ def _spec(tokens: Path, work: Path, parallelism: str) -> Path:
                       parallelism=parallelism, nproc_per_node=2, device="cpu", max_steps=STEPS, micro_batch_size=4,
                       grad_accum_steps=2, lr=3e-3, warmup_steps=3, schedule="wsd", checkpoint_every=EVERY,
                       keep_checkpoints=2, log_every=1)
-    spec = TrainSpec(train=cfg, tokens_dir=str(tokens / "train"), tokenizer_dir=str(tokens / "tokenizer"),
+    spec = TrainSpec(train=cfg, tokens_dir=str(tokens / "train"), tokenizer_dir=str(tokens.parent / "tokenizer"),
                      out_dir=str(work / "out"), ckpt_dir=str(work / "ckpt"), vocab_size=stats["vocab_size"],
-                     eos_id=stats["eos_id"], pad_id=stats["eos_id"] + 1, seq_len=stats["seq_len"])
+                     eos_id=stats["eos_id"], pad_id=stats["pad_id"], seq_len=stats["seq_len"])
     work.mkdir(parents=True, exist_ok=True)
     path = work / "spec.json"
     path.write_text(spec.model_dump_json())

@@ -45,3 +45,32 @@ def test_bpe_is_lossless_and_has_eos():
     assert tok.token_to_id(EOS_TOKEN) == 0
     for t in texts[:2]:
         assert tok.decode(tok.encode(t, add_special_tokens=False).ids) == t
+
+
+def test_fim_psm_and_spm_layouts():
+    import hashlib
+
+    import numpy as np
+
+    from codemill.data import fim
+
+    ids = fim.FimIds(prefix=90, middle=91, suffix=92)
+    parts = [[1, 2], [3], [4, 5]]
+    assert fim.assemble("psm", parts, ids) == [90, 1, 2, 92, 4, 5, 91, 3]
+    assert fim.assemble("spm", parts, ids) == [90, 92, 4, 5, 91, 1, 2, 3]
+    assert fim.assemble("plain", [[7, 8]], ids) == [7, 8]
+    text = "def f(x):\n    return x\n"
+    mode, pieces = fim.plan(text, np.random.default_rng(0), fim_rate=1.0, spm_rate=0.5)
+    assert mode in ("psm", "spm") and "".join(pieces) == text
+    assert fim.plan(text, np.random.default_rng(0), fim_rate=0.0, spm_rate=0.5) == ("plain", (text,))
+    hashes = [hashlib.sha256(str(i).encode()).hexdigest() for i in range(2000)]
+    rates = [fim.plan(text, fim.doc_rng(0, h), 0.5, 0.5)[0] != "plain" for h in hashes]
+    assert 0.45 < sum(rates) / len(rates) < 0.55
+
+
+def test_fim_sentinels_are_single_tokens():
+    from codemill.data.tokenizer import FIM_TOKENS
+
+    tok = train_bpe(["def f(x):\n    return x\n"] * 20, vocab_size=300, min_frequency=2)
+    for t in FIM_TOKENS:
+        assert tok.encode(t, add_special_tokens=False).ids == [tok.token_to_id(t)]
