@@ -15,12 +15,14 @@ FIM_TOKENS = [FIM_PREFIX, FIM_MIDDLE, FIM_SUFFIX]
 SPECIAL_TOKENS = [EOS_TOKEN, PAD_TOKEN, *FIM_TOKENS]
 
 
-def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int) -> Tokenizer:
+def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int,
+              special_tokens: list[str] | None = None) -> Tokenizer:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=SPECIAL_TOKENS,
+        vocab_size=vocab_size, min_frequency=min_frequency,
+        special_tokens=SPECIAL_TOKENS if special_tokens is None else special_tokens,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
     )
     tok.train_from_iterator(texts, trainer=trainer)
@@ -46,7 +48,7 @@ def prepare_base_tokenizer(name_or_path: str, out_dir: Path) -> dict:
         raise ValueError(f"{name_or_path}: the tokenizer has no EOS token to separate documents")
     missing = [t for t in FIM_TOKENS if t not in fast.get_vocab()]
     if missing:
-        fast.add_special_tokens({"additional_special_tokens": missing}, replace_additional_special_tokens=False)
+        fast.add_tokens(missing, special_tokens=True)
     if fast.pad_token is None:
         fast.add_special_tokens({"pad_token": PAD_TOKEN})
     return save_fast_tokenizer(fast, out_dir, source=name_or_path)
