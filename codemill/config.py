@@ -124,6 +124,8 @@ class TrainConfig(StageConfig):
     seed: int = Field(1234)
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="Autocast dtype (bf16 on GPU).")
     compile: bool = Field(False, description="torch.compile the model (GPU).")
+    val_sequences: int = Field(64, ge=0, description="Held-out rows scored at every checkpoint (val loss picks "
+                                                     "the best checkpoint); 0 = off.")
     document_masking: bool = Field(True, description="Mask attention across packed documents; positions "
                                                      "restart per document.")
     checkpoint_every: int = runtime_only(default=100, gt=0, description="Steps between resumable checkpoints.")

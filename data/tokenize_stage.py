@@ -89,10 +89,27 @@ def run_tokenize(cfg: TokenizeConfig, corpus_dir: Path, tokenizer_dir: Path, out
             progress(i + 1, len(shards))
     writer.flush()
     sequences = sum(s["rows"] for s in writer.shards)
+    val_sequences = pack_plain_split(corpus_dir / "val", tok, info, cfg, out_dir / "val")
     return {
         "vocab_size": info["vocab_size"], "eos_id": info["eos_id"], "pad_id": info["pad_id"],
         "dtype": token_dtype(info["vocab_size"]).name, "seq_len": cfg.seq_len, "files": n_files, "bytes": n_bytes,
         "tokens": n_tokens, "tokens_packed": sequences * cfg.seq_len, "tokens_dropped": packer.leftover,
         "sequences": sequences, "fim_documents": n_fim, "bytes_per_token": round(n_bytes / max(n_tokens, 1), 4),
-        "shards": writer.shards,
+        "shards": writer.shards, "val_sequences": val_sequences,
     }
+
+
+def pack_plain_split(split_dir: Path, tok: Tokenizer, info: dict, cfg: TokenizeConfig, out_dir: Path) -> int:
+    """Held-out rows for the trainer's validation loss (no FIM: plain left-to-right text)."""
+    plain = DocumentEncoder(tok, info, cfg.model_copy(update={"fim_rate": 0.0}))
+    writer = ShardWriter(out_dir, cfg.seq_len, token_dtype(info["vocab_size"]), cfg.sequences_per_shard)
+    packer = Packer(info["eos_id"], cfg.seq_len)
+    for shard in sorted(split_dir.glob("*.parquet")):
+        df = pl.read_parquet(shard, columns=["content", "sha256"])
+        for start in range(0, df.height, cfg.batch_size):
+            part = df.slice(start, cfg.batch_size)
+            for ids in plain.encode(part["content"].to_list(), part["sha256"].to_list())[0]:
+                for row, positions in packer.add(ids):
+                    writer.add(row, positions)
+    writer.flush()
+    return sum(s["rows"] for s in writer.shards)

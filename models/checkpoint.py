@@ -74,6 +74,7 @@ class Checkpointer:
     def __init__(self, ckpt_root: Path, rank: int, keep: int, barrier, async_save: bool = False) -> None:
         self.root, self.rank, self.keep, self.barrier, self.async_save = ckpt_root, rank, keep, barrier, async_save
         self.pending: Pending | None = None
+        self.protected: int | None = None  # the best checkpoint survives keep-last-k pruning
 
     def save(self, step: int, model, optimizer, scheduler, extra: dict[str, Any]) -> None:
         self.finish()  # one checkpoint in flight at a time
@@ -111,9 +112,17 @@ class Checkpointer:
                 shutil.rmtree(final)
             os.rename(staging, final)
             for old in committed_steps(self.root)[:-self.keep]:
-                shutil.rmtree(step_dir(self.root, old), ignore_errors=True)
+                if old != self.protected:
+                    shutil.rmtree(step_dir(self.root, old), ignore_errors=True)
         self.barrier()
         return final
+
+    def load_model_only(self, step: int, model) -> None:
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
+        state = {"model": get_model_state_dict(model)}
+        dcp.load(state, checkpoint_id=str(step_dir(self.root, step) / "dcp"))
+        set_model_state_dict(model, state["model"])
 
     def load(self, step: int, model, optimizer, scheduler) -> dict[str, Any]:
         d = step_dir(self.root, step)

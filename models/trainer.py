@@ -145,11 +145,14 @@ def train(spec: TrainSpec) -> dict:
     ckpt = Checkpointer(ckpt_root, d.rank, cfg.keep_checkpoints, d.barrier,
                         async_save=cfg.async_checkpoint and d.device.type == "cuda")
 
-    start_step, losses = 0, []
+    val_rows = held_out_rows(Path(spec.tokens_dir).parent / "val", cfg.val_sequences, d)
+    start_step, losses, val_losses = 0, [], {}
     resumable = committed_steps(ckpt_root)
     if resumable:
         state = ckpt.load(resumable[-1], model, opt, sched)
         start_step, losses = state["step"], list(state["losses"])
+        val_losses = {int(k): v for k, v in state.get("val_losses", {}).items()}
+        ckpt.protected = min(val_losses, key=val_losses.get) if val_losses else None
         if d.rank == 0:
             emit("resumed", step=start_step)
 
@@ -200,18 +203,32 @@ def train(spec: TrainSpec) -> dict:
             logger.log(metrics, step=done)
             emit("step", step=done, max_steps=cfg.max_steps, **metrics)
         if done % cfg.checkpoint_every == 0 and done < cfg.max_steps:
-            ckpt.save(done, model, opt, sched, {"losses": list(losses)})
+            if val_rows is not None:
+                val_losses[done] = validation_loss(module, val_rows, cfg, d)
+                ckpt.protected = min(val_losses, key=val_losses.get)
+                logger.log({"val_loss": val_losses[done]}, step=done)
+            ckpt.save(done, model, opt, sched, {"losses": list(losses), "val_losses": val_losses})
             if d.rank == 0:
-                emit("checkpoint", step=done)
+                emit("checkpoint", step=done, val_loss=val_losses.get(done))
                 logger.checkpoint(done, ckpt_root, losses[-1])
     ckpt.finish()
+    if val_rows is not None:
+        val_losses[cfg.max_steps] = validation_loss(module, val_rows, cfg, d)
+        logger.log({"val_loss": val_losses[cfg.max_steps]}, step=cfg.max_steps)
 
     summary = {"params": n_params, "world_size": d.world, "steps": cfg.max_steps, "tokens_per_step": tokens_per_step,
                "tokens_seen": cfg.max_steps * tokens_per_step, "losses": losses,
                "final_loss": float(np.mean(losses[-max(1, min(10, len(losses))):])),
                "resumed_from": start_step, "wall_s": time.perf_counter() - train_start,
-               "parallelism": cfg.parallelism}
-    export(model, spec, summary, d)
+               "parallelism": cfg.parallelism, "val_losses": val_losses}
+    export(model, spec, summary, d, "hf")
+    best = min(val_losses, key=val_losses.get) if val_losses else None
+    summary["best_step"] = best
+    if best is not None and best != cfg.max_steps:  # the best checkpoint is an earlier one: export it too
+        ckpt.load_model_only(best, model)
+        export(model, spec, summary, d, "best")
+    if d.rank == 0:
+        (Path(spec.out_dir) / "train_summary.json").write_text(json.dumps(summary, indent=2))
     if d.rank == 0:
         emit("done", final_loss=summary["final_loss"])
     if d.distributed:
@@ -227,7 +244,43 @@ def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
-def export(model: torch.nn.Module, spec: TrainSpec, summary: dict, d: parallel.Dist) -> None:
+def held_out_rows(val_dir: Path, n: int, d: parallel.Dist) -> tuple[np.ndarray, np.ndarray | None] | None:
+    """This rank's equal share of the first n held-out rows (tokens, positions), or None when off/absent."""
+    shards = open_token_shards(val_dir) if n and val_dir.is_dir() else []
+    if not shards:
+        return None
+    tokens = np.concatenate([np.asarray(s) for s in shards])[:n]
+    pos_shards = open_token_shards(val_dir, kind="positions")
+    positions = np.concatenate([np.asarray(s) for s in pos_shards])[:n] if pos_shards else None
+    per_rank = len(tokens) // d.world
+    if per_rank == 0:
+        return None
+    sl = slice(d.rank * per_rank, (d.rank + 1) * per_rank)
+    return tokens[sl].astype(np.int64), None if positions is None else positions[sl].astype(np.int64)
+
+
+@torch.no_grad()
+def validation_loss(module: torch.nn.Module, rows: tuple[np.ndarray, np.ndarray | None], cfg: TrainConfig,
+                    d: parallel.Dist) -> float:
+    """Mean token loss on the held-out rows, averaged over ranks (every rank runs the same batch count)."""
+    tokens, positions = rows
+    module.eval()
+    total = torch.zeros(2, dtype=torch.float64, device=d.device)
+    for start in range(0, len(tokens), cfg.micro_batch_size):
+        batch = torch.from_numpy(tokens[start:start + cfg.micro_batch_size]).to(d.device)
+        kwargs = {}
+        if positions is not None and cfg.document_masking:
+            pos = torch.from_numpy(positions[start:start + cfg.micro_batch_size]).to(d.device)
+            kwargs = {"position_ids": pos, "attention_mask": document_mask(pos)}
+        loss = module(input_ids=batch, labels=batch, **kwargs).loss
+        total += torch.tensor([float(loss) * len(batch), len(batch)], dtype=torch.float64, device=d.device)
+    module.train()
+    if d.distributed:
+        dist.all_reduce(total)
+    return float(total[0] / total[1])
+
+
+def export(model: torch.nn.Module, spec: TrainSpec, summary: dict, d: parallel.Dist, name: str = "hf") -> None:
     """Final model + tokenizer in Hugging Face format (safetensors), loadable by from_pretrained.
 
     LoRA adapters are merged into the base weights, so the export is a plain model."""
@@ -238,11 +291,11 @@ def export(model: torch.nn.Module, spec: TrainSpec, summary: dict, d: parallel.D
     fresh.load_state_dict(state)
     if spec.train.lora:
         fresh = fresh.merge_and_unload()
-    write_export(fresh, Path(spec.tokenizer_dir), Path(spec.out_dir), summary)
+    write_export(fresh, Path(spec.tokenizer_dir), Path(spec.out_dir), summary, name)
 
 
-def write_export(model: torch.nn.Module, tokenizer_dir: Path, out_dir: Path, summary: dict) -> None:
-    hf_dir = out_dir / "hf"
+def write_export(model: torch.nn.Module, tokenizer_dir: Path, out_dir: Path, summary: dict, name: str = "hf") -> None:
+    hf_dir = out_dir / name
     model.config.use_cache = True
     model.save_pretrained(str(hf_dir), safe_serialization=True)
     for f in (tokenizer_dir / "hf").iterdir():

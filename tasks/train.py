@@ -81,6 +81,8 @@ def train_task(ref: ArtifactRef, ctx: RunContext, cfg: TrainConfig, tokens: Arti
         stats = {k: summary[k] for k in ("params", "world_size", "steps", "tokens_per_step", "tokens_seen",
                                          "final_loss", "resumed_from", "wall_s", "parallelism")}
         stats["first_loss"] = summary["losses"][0] if summary["losses"] else None
+        stats["best_step"] = summary.get("best_step")
+        stats["val_losses"] = summary.get("val_losses", {})
         manifest = w.finish(code_version=TRAIN_CODE_VERSION, config=cfg.digest_config(),
                             inputs={"tokens": tokens}, stats=stats)
         shutil.rmtree(ckpt_dir.parent, ignore_errors=True)  # the committed export supersedes them

@@ -96,11 +96,29 @@ def test_sigkill_and_resume_is_exact(tokens, tmp_path, parallelism):
 
     assert summary["resumed_from"] == last[-1]
     assert summary["losses"] == reference["losses"]  # bit-identical, before and after the resume point
+    assert summary["val_losses"] == reference["val_losses"] and summary["best_step"] == reference["best_step"]
     a, b = _weights(straight), _weights(resumed)
     assert a.keys() == b.keys()
     for name in a:
         assert (a[name] == b[name]).all(), name
     assert reference["losses"][-1] < reference["losses"][0]
+
+
+def test_best_checkpoint_is_kept_and_exported(tokens, tmp_path):
+    """With a learning rate that diverges late, an earlier checkpoint is the best; it survives pruning."""
+    work = tmp_path / "best"
+    spec_path = _spec(tokens, work, "ddp")
+    spec = TrainSpec.model_validate_json(spec_path.read_text())
+    spec.train.lr, spec.train.schedule, spec.train.warmup_steps = 2.0, "cosine", STEPS  # lr ramps up until it diverges
+    spec.train.keep_checkpoints = 1
+    spec_path.write_text(spec.model_dump_json())
+    _run(spec_path)
+    summary = json.loads((work / "out" / "train_summary.json").read_text())
+    val = {int(k): v for k, v in summary["val_losses"].items()}
+    print("val losses by step:", val)
+    assert summary["best_step"] == min(val, key=val.get) < STEPS, val
+    assert (work / "out" / "best" / "model.safetensors").exists()
+    assert summary["best_step"] in committed_steps(work / "ckpt")  # protected from keep-last-1
 
 
 def test_checkpoint_dirs_are_complete_or_absent(tokens, tmp_path):
