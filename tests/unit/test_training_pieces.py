@@ -70,3 +70,37 @@ def _running(pid: int) -> bool:
             return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_wsd_schedule_holds_then_decays():
+    from codemill.models.schedule import lr_multiplier
+
+    f = [lr_multiplier("wsd", s, warmup=5, total=100, min_ratio=0.1, decay_fraction=0.2) for s in range(100)]
+    assert f[4] == pytest.approx(1.0) and f[50] == 1.0 and f[79] == 1.0
+    assert f[80] < 1.0 and f[99] == pytest.approx(0.1)
+    assert all(a >= b for a, b in zip(f[5:], f[6:], strict=False))
+    with pytest.raises(ValueError):
+        lr_multiplier("linear", 0, warmup=1, total=2, min_ratio=0.0)
+
+
+def test_document_mask_blocks_across_documents():
+    import torch
+
+    from codemill.models.masking import document_ids, document_mask
+
+    pos = torch.tensor([[0, 1, 2, 0, 1, 0]])
+    assert document_ids(pos).tolist() == [[1, 1, 1, 2, 2, 3]]
+    m = document_mask(pos)[0, 0]
+    assert m[2].tolist() == [True, True, True, False, False, False]
+    assert m[4].tolist() == [False, False, False, True, True, False]
+    assert m[5].tolist() == [False] * 5 + [True]
+
+
+def test_mfu_arithmetic_and_peak_table():
+    from codemill.models.flops import flops_per_token, mfu, peak_flops
+
+    per_token = flops_per_token(n_params=125_000_000, n_layers=12, n_heads=12, head_dim=64, seq_len=2048)
+    assert per_token == 6 * 125e6 + 12 * 12 * 12 * 64 * 2048
+    assert peak_flops("NVIDIA H200") == 989e12 and peak_flops("NVIDIA H100 PCIe") == 756e12
+    assert peak_flops("cpu") is None and mfu(1e5, per_token, 1, None) is None
+    assert mfu(400_000, per_token, 1, 989e12) == pytest.approx(400_000 * per_token / 989e12)
