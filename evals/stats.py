@@ -20,24 +20,29 @@ class Interval:
         return {prefix: self.point, f"{prefix}_ci_low": self.low, f"{prefix}_ci_high": self.high}
 
 
-def bootstrap_ratio_ci(numerators: np.ndarray, denominators: np.ndarray, *, samples: int, confidence: float,
-                       seed: int) -> Interval:
-    """CI of sum(num)/sum(den) resampling items with replacement (percentile bootstrap).
+def bootstrap_ratio_ci(numerators: np.ndarray, denominators: np.ndarray, clusters: np.ndarray | None = None, *,
+                       samples: int, confidence: float, seed: int) -> Interval:
+    """Percentile-bootstrap CI of sum(num)/sum(den), resampling whole clusters (each item alone if none).
 
     A ratio of sums (not a mean of per-item ratios) is what corpus-level bits-per-byte is, so items are
-    weighted by their size exactly as in the point estimate.
+    weighted by their size exactly as in the point estimate; resampling clusters keeps correlated items
+    (files of one repository) together.
     """
     num = np.asarray(numerators, dtype=np.float64)
     den = np.asarray(denominators, dtype=np.float64)
     if num.shape != den.shape or num.ndim != 1 or num.size == 0:
         raise ValueError("need two 1-d arrays of the same non-zero length")
-    point = float(num.sum() / den.sum())
+    ids = _cluster_ids(clusters, num.size)
+    g = int(ids.max()) + 1
+    cnum = np.bincount(ids, weights=num, minlength=g)
+    cden = np.bincount(ids, weights=den, minlength=g)
     rng = np.random.default_rng(seed)
-    idx = rng.integers(0, num.size, size=(samples, num.size))
-    ratios = num[idx].sum(axis=1) / den[idx].sum(axis=1)
+    pick = rng.integers(0, g, size=(samples, g))
+    ratios = cnum[pick].sum(axis=1) / cden[pick].sum(axis=1)
     alpha = (1.0 - confidence) / 2
     low, high = np.quantile(ratios, [alpha, 1.0 - alpha])
-    return Interval(point=point, low=float(low), high=float(high), confidence=confidence, n_items=int(num.size))
+    return Interval(point=float(num.sum() / den.sum()), low=float(low), high=float(high), confidence=confidence,
+                    n_items=int(num.size))
 
 
 # --- item-level estimates with clustered standard errors ------------------------------------------------
@@ -67,24 +72,6 @@ def ratio_estimate_se(values: np.ndarray, weights: np.ndarray | None = None,
     resid = np.bincount(ids, weights=(v - est * w) / total_w, minlength=g)
     se = float(np.sqrt(g / (g - 1) * np.sum(resid**2))) if g > 1 else 0.0
     return est, se, g
-
-
-def cluster_bootstrap_ratio_ci(values: np.ndarray, weights: np.ndarray, clusters: np.ndarray, *, samples: int,
-                               confidence: float, seed: int) -> Interval:
-    """Percentile bootstrap of sum(values)/sum(weights) resampling whole clusters."""
-    v = np.asarray(values, dtype=np.float64)
-    w = np.asarray(weights, dtype=np.float64)
-    ids = _cluster_ids(clusters, v.size)
-    g = int(ids.max()) + 1
-    cv = np.bincount(ids, weights=v, minlength=g)
-    cw = np.bincount(ids, weights=w, minlength=g)
-    point = float(v.sum() / w.sum())
-    rng = np.random.default_rng(seed)
-    pick = rng.integers(0, g, size=(samples, g))
-    ratios = cv[pick].sum(axis=1) / cw[pick].sum(axis=1)
-    alpha = (1.0 - confidence) / 2
-    low, high = np.quantile(ratios, [alpha, 1.0 - alpha])
-    return Interval(point=point, low=float(low), high=float(high), confidence=confidence, n_items=int(v.size))
 
 
 def normal_sf(z: float) -> float:

@@ -22,7 +22,7 @@ from codemill.evals.bpb import file_nll, nats_to_bits
 from codemill.evals.gate import ItemScores
 from codemill.evals.generate import SamplingParams, generate
 from codemill.evals.sandbox import Limits, Sandbox
-from codemill.evals.stats import cluster_bootstrap_ratio_ci
+from codemill.evals.stats import bootstrap_ratio_ci
 
 SUITE_VERSIONS = {"bpb": "eval-bpb-v2", "completion": comp.COMPLETION_CODE_VERSION,
                   "humaneval": he.HUMANEVAL_CODE_VERSION}
@@ -59,7 +59,7 @@ def load_val_files(corpus_dir: Path, max_files: int | None) -> pl.DataFrame:
 
 
 def _ci(values: np.ndarray, weights: np.ndarray, clusters: np.ndarray, cfg: EvalConfig, name: str) -> dict:
-    ci = cluster_bootstrap_ratio_ci(values, weights, clusters, samples=cfg.bootstrap_samples,
+    ci = bootstrap_ratio_ci(values, weights, clusters, samples=cfg.bootstrap_samples,
                                     confidence=cfg.confidence, seed=cfg.seed)
     return ci.as_dict(name)
 

@@ -98,9 +98,8 @@ class Checkpointer:
         if self.pending is None:
             return None
         p, self.pending = self.pending, None
-        if p.future is not None:
-            result = p.future.result() if hasattr(p.future, "result") else p.future.upload_completion.result()
-            del result
+        if p.future is not None:  # a Future, or an AsyncSaveResponse (staging + upload) in newer torch
+            (p.future.upload_completion if hasattr(p.future, "upload_completion") else p.future).result()
         self.barrier()
         final = step_dir(self.root, p.step)
         if self.rank == 0:

@@ -32,7 +32,7 @@ def _summary(m: Manifest) -> dict[str, Any]:
     return {k: m.stats[k] for k in ("params", "steps", "tokens_seen", "final_loss", "first_loss")}
 
 
-def _record(store: ArtifactStore, tokens: ArtifactRef, cfg: TrainConfig):
+def _record(store: ArtifactStore, tokens: ArtifactRef):
     def record(lineage: Lineage, run_id: str, m: Manifest) -> dict[str, Any]:
         lineage.log_dataset_input(run_id, tokens, "training", name="tokens")
         lineage.log_params(run_id, {"train": m.config})
@@ -88,7 +88,7 @@ def train_task(ref: ArtifactRef, ctx: RunContext, cfg: TrainConfig, tokens: Arti
         shutil.rmtree(ckpt_dir.parent, ignore_errors=True)  # the committed export supersedes them
         return manifest
 
-    return run_stage(ctx, ref, produce, _record(store, tokens, cfg), _summary)
+    return run_stage(ctx, ref, produce, _record(store, tokens), _summary)
 
 
 def _on_trainer_line(logger, line: str) -> None:

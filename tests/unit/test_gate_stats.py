@@ -7,7 +7,7 @@ from codemill.evals.gate import GateMetric, ItemScores, gate, markdown_report
 from codemill.evals.generate import truncate_at
 from codemill.evals.humaneval import STOP_SEQUENCES, pass_at_k
 from codemill.evals.stats import (
-    cluster_bootstrap_ratio_ci,
+    bootstrap_ratio_ci,
     holm,
     mcnemar_exact,
     normal_quantile,
@@ -52,7 +52,9 @@ def test_clustering_widens_se_for_correlated_items():
 def test_cluster_bootstrap_contains_point():
     rng = np.random.default_rng(2)
     v, w = rng.gamma(2, size=100), rng.integers(10, 100, size=100).astype(float)
-    ci = cluster_bootstrap_ratio_ci(v, w, np.arange(100) // 5, samples=500, confidence=0.95, seed=0)
+    ci = bootstrap_ratio_ci(v, w, np.arange(100) // 5, samples=500, confidence=0.95, seed=0)
+    wide = bootstrap_ratio_ci(v, w, np.arange(100) // 25, samples=500, confidence=0.95, seed=0)
+    assert ci.point == wide.point
     assert ci.low < ci.point < ci.high
 
 
