@@ -5,8 +5,30 @@ from __future__ import annotations
 from typing import Any
 
 from codemill import progress
+from codemill.config import PipelineConfig
+from codemill.lineage import Lineage
 from codemill.store import ArtifactStore
-from codemill.tasks.common import StageResult
+from codemill.tasks.common import RunContext, StageResult
+
+
+def flow_run_url() -> str | None:
+    """This flow run's page in the Prefect UI, when a UI URL is configured."""
+    from prefect.runtime import flow_run
+    from prefect.settings import PREFECT_UI_URL
+
+    base = PREFECT_UI_URL.value()
+    return f"{base.rstrip('/')}/runs/flow-run/{flow_run.id}" if base and flow_run.id else None
+
+
+def open_flow_run(config: PipelineConfig, run_name: str, flow_run_id: Any,
+                  flow_run_url: str | None) -> tuple[ArtifactStore, RunContext, Lineage]:
+    """The store, the context the tasks share, and the MLflow parent run of this flow run."""
+    store = ArtifactStore(config.store_root, cache_dir=f"{config.work_dir}/cache")
+    ctx = RunContext(store_root=config.store_root, work_dir=config.work_dir,
+                     tracking_uri=config.mlflow_tracking_uri, experiment=config.name)
+    lineage = ctx.lineage()
+    parent = lineage.start_parent(run_name, flow_run_id, flow_run_url, config.model_dump(mode="json"))
+    return store, ctx.model_copy(update={"parent_run_id": parent}), lineage
 
 
 def run_stage_task(task, store: ArtifactStore, **params: Any) -> StageResult:

@@ -9,9 +9,9 @@ from prefect import flow
 from prefect.runtime import flow_run
 
 from codemill.config import PipelineConfig
+from codemill.flows.common import flow_run_url, open_flow_run
 from codemill.flows.evaluation import evaluate_model, gate_against_champion, scores_of
 from codemill.store import MANIFEST, ArtifactRef, ArtifactStore, Manifest
-from codemill.tasks.common import RunContext
 from codemill.tasks.models import resolve_model
 
 
@@ -40,12 +40,8 @@ def evaluate(model: str, config: PipelineConfig = PipelineConfig(), corpus: str 
              samples_file: str | None = None) -> dict[str, Any]:
     """Evaluate ``model`` on ``config.evaluate.suites``; gate it against the champion when ``config.gate``
     is enabled. ``samples_file`` scores a HumanEval samples JSONL instead of generating."""
-    store = ArtifactStore(config.store_root, cache_dir=f"{config.work_dir}/cache")
-    ctx = RunContext(store_root=config.store_root, work_dir=config.work_dir,
-                     tracking_uri=config.mlflow_tracking_uri, experiment=config.name)
-    lineage = ctx.lineage()
-    parent = lineage.start_parent(flow_run.name or "evaluate", flow_run.id, None, config.model_dump(mode="json"))
-    ctx = ctx.model_copy(update={"parent_run_id": parent})
+    store, ctx, lineage = open_flow_run(config, flow_run.name or "evaluate", flow_run.id, flow_run_url())
+    parent = ctx.parent_run_id
     try:
         resolved = resolve_model(ctx, model)
         data = corpus_ref(store, corpus)

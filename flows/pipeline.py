@@ -9,10 +9,8 @@ from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
 from codemill.config import PipelineConfig
-from codemill.flows.common import run_stage_task
+from codemill.flows.common import flow_run_url, open_flow_run, run_stage_task
 from codemill.flows.evaluation import evaluate_model, gate_against_champion, scores_of
-from codemill.store import ArtifactStore
-from codemill.tasks.common import RunContext
 from codemill.tasks.ingest import fingerprint_sources_task, ingest_task, plan_ingest
 from codemill.tasks.models import from_train_artifact
 from codemill.tasks.tokenize import plan_tokenize, plan_tokenizer, tokenize_task, tokenizer_task
@@ -25,24 +23,12 @@ def _run_name() -> str:
     return f"{name}-{datetime.now(UTC):%Y%m%d-%H%M%S}"
 
 
-def _flow_run_url() -> str | None:
-    from prefect.settings import PREFECT_UI_URL
-
-    base = PREFECT_UI_URL.value()
-    return f"{base.rstrip('/')}/runs/flow-run/{flow_run.id}" if base and flow_run.id else None
-
-
 @flow(name="pipeline", flow_run_name=_run_name, persist_result=True, log_prints=True)
 def pipeline(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:  # noqa: B008
     """Corpus -> tokens -> checkpoint -> eval. Each stage is skipped when its artifact digest is in the store."""
     logger = get_run_logger()
-    store = ArtifactStore(config.store_root, cache_dir=f"{config.work_dir}/cache")
-    ctx = RunContext(store_root=config.store_root, work_dir=config.work_dir,
-                     tracking_uri=config.mlflow_tracking_uri, experiment=config.name)
-    lineage = ctx.lineage()
-    parent = lineage.start_parent(flow_run.name or "pipeline", flow_run.id, _flow_run_url(),
-                                  config.model_dump(mode="json"))
-    ctx = ctx.model_copy(update={"parent_run_id": parent})
+    store, ctx, lineage = open_flow_run(config, flow_run.name or "pipeline", flow_run.id, flow_run_url())
+    parent = ctx.parent_run_id
     try:
         sources = fingerprint_sources_task(config.ingest)
         corpus = run_stage_task(ingest_task, store, ref=plan_ingest(store, config.ingest, sources), ctx=ctx,
