@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from codemill.evals.stats import holm, mcnemar_exact, normal_sf, paired_difference
+from codemill.evals.stats import PairedDifference, holm, mcnemar_exact, normal_sf, paired_difference
 
 
 @dataclass(frozen=True)
@@ -36,16 +36,12 @@ class GateMetric:
 
 
 @dataclass
-class MetricEvidence:
+class MetricEvidence(PairedDifference):
+    """The paired difference of one metric plus the two tests' p-values (flat, so it reads well as JSON)."""
+
     metric: str
     candidate: float
     champion: float
-    diff: float
-    se: float
-    ci_low: float
-    ci_high: float
-    n_items: int
-    n_clusters: int
     margin: float
     p_regression: float
     p_improvement: float
@@ -84,9 +80,8 @@ def compare_metric(name: str, cand: ItemScores, champ: ItemScores, margin: float
     hv = champ.values[ib]
     pd = paired_difference(cv, hv, weights=cw, clusters=clusters, higher_is_better=cand.higher_is_better)
     p_reg, p_imp = _one_sided(pd.diff, pd.se, margin)
-    ev = MetricEvidence(metric=name, candidate=float(cv.sum() / cw.sum()), champion=float(hv.sum() / cw.sum()),
-                        diff=pd.diff, se=pd.se, ci_low=pd.ci_low, ci_high=pd.ci_high, n_items=pd.n_items,
-                        n_clusters=pd.n_clusters, margin=margin, p_regression=p_reg, p_improvement=p_imp)
+    ev = MetricEvidence(**asdict(pd), metric=name, candidate=float(cv.sum() / cw.sum()),
+                        champion=float(hv.sum() / cw.sum()), margin=margin, p_regression=p_reg, p_improvement=p_imp)
     if cand.binary:
         only_c, only_h, p = mcnemar_exact(cv > 0.5, hv > 0.5)
         ev.mcnemar = {"only_candidate_passed": only_c, "only_champion_passed": only_h, "p_two_sided": p}

@@ -91,7 +91,7 @@ def normal_quantile(p: float) -> float:
     return (lo + hi) / 2
 
 
-@dataclass(frozen=True)
+@dataclass
 class PairedDifference:
     """candidate - reference on the same items, oriented so that positive means the candidate is better."""
 
