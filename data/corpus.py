@@ -41,7 +41,7 @@ def build_corpus_table(files: Iterable[SourceFile], *, split_unit: str, val_frac
     """
     rows = [
         {"repo": f.repo, "path": f.path, "language": f.language, "content": f.content, "bytes": f.bytes,
-         "sha256": f.sha256, "source_commit": None,
+         "sha256": f.sha256, "source_commit": f.source_commit,
          "split": assign_split(split_key(f.repo, f.path, split_unit), val_fraction, salt)}
         for f in files
     ]

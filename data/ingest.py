@@ -11,7 +11,7 @@ from pathlib import Path
 
 from codemill.config import IngestConfig, SourceConfig
 from codemill.data.corpus import build_corpus_table, split_key, write_shards
-from codemill.data.local_source import check_source_root, fingerprint_source, scan_source
+from codemill.data.local_source import check_source_root, fingerprint_source, git_commit, scan_source
 
 INGEST_CODE_VERSION = "ingest-v1"
 
@@ -43,7 +43,8 @@ def fingerprint_sources(cfg: IngestConfig) -> list[dict]:
     out = []
     for src in (resolve_source(s) for s in cfg.sources):
         digest, n = fingerprint_source(src.root, list(src.include), list(src.exclude))
-        out.append({"root": src.root, "repo": src.repo, "fingerprint": digest, "files": n})
+        out.append({"root": src.root, "repo": src.repo, "fingerprint": digest, "files": n,
+                    "commit": git_commit(src.root)})
     return out
 
 
@@ -58,12 +59,14 @@ def run_ingest(cfg: IngestConfig, out_dir: Path,
     for src in (resolve_source(s) for s in cfg.sources):
         if progress:
             progress(f"scanning {src.root}")
-        scan = scan_source(src.root, src.repo, list(src.include), list(src.exclude), cfg.max_file_bytes)
+        commit = git_commit(src.root)
+        scan = scan_source(src.root, src.repo, list(src.include), list(src.exclude), cfg.max_file_bytes, commit)
         seen += scan.seen
         rejected.update(scan.rejected)
         examples.extend((f"{src.repo}/{p}", r) for p, r in scan.rejected_examples)
         files.extend(scan.files)
-        per_source.append({"root": src.root, "repo": src.repo, "seen": scan.seen, "accepted": len(scan.files),
+        per_source.append({"root": src.root, "repo": src.repo, "commit": commit, "seen": scan.seen,
+                           "accepted": len(scan.files),
                            "rejected": dict(scan.rejected)})
     table, duplicates = build_corpus_table(files, split_unit=cfg.split_unit, val_fraction=cfg.val_fraction,
                                            salt=cfg.split_salt)

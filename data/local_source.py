@@ -11,6 +11,7 @@ import errno
 import hashlib
 import os
 import stat
+import subprocess
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from codemill.data.globs import dir_excluded, matches_any
 from codemill.hashing import sha256_file
 
 BINARY_SNIFF_BYTES = 8192
+VCS_DIRS = frozenset({".git", ".hg", ".svn"})  # never corpus content, whatever the include patterns say
 LANGUAGE_BY_EXTENSION = {".py": "python", ".pyi": "python", ".c": "c", ".h": "c", ".rs": "rust", ".go": "go",
                          ".js": "javascript", ".ts": "typescript", ".java": "java", ".sh": "shell"}
 
@@ -36,6 +38,7 @@ class SourceFile:
     content: str
     bytes: int
     sha256: str
+    source_commit: str | None = None
 
 
 @dataclass
@@ -78,7 +81,7 @@ def iter_candidates(root: Path, include: list[str], exclude: list[str],
                 if on_error is not None:
                     on_error.reject(rel, "symlinked_dir_not_followed")
                 continue
-            if not dir_excluded(rel, exclude):
+            if d not in VCS_DIRS and not dir_excluded(rel, exclude):
                 kept.append(d)
         dirnames[:] = kept
         for name in sorted(filenames):
@@ -127,8 +130,25 @@ def language_of(path: str) -> str:
     return LANGUAGE_BY_EXTENSION.get(os.path.splitext(path)[1].lower(), "unknown")
 
 
+def git_commit(root: str | Path) -> str | None:
+    """HEAD of the git repository whose top level is ``root``, else None.
+
+    Only a repository root counts: a folder that merely sits inside some work tree (the stdlib inside a
+    pyenv checkout, say) is not that repository's content, so it gets no commit.
+    """
+    try:
+        out = subprocess.run(["git", "-C", str(root), "rev-parse", "--show-toplevel", "HEAD"], capture_output=True,
+                             text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    lines = out.stdout.split()
+    if out.returncode != 0 or len(lines) != 2 or os.path.realpath(lines[0]) != os.path.realpath(root):
+        return None
+    return lines[1] if len(lines[1]) in (40, 64) else None
+
+
 def scan_source(root: str | Path, repo: str, include: list[str], exclude: list[str],
-                max_bytes: int) -> ScanResult:
+                max_bytes: int, commit: str | None = None) -> ScanResult:
     root_path = check_source_root(root)
     result = ScanResult()
     for rel, abspath in iter_candidates(root_path, include, exclude, on_error=result):
@@ -142,7 +162,8 @@ def scan_source(root: str | Path, repo: str, include: list[str], exclude: list[s
             result.reject(rel, reason or "undecodable")
             continue
         result.files.append(SourceFile(repo=repo, path=rel, language=language_of(rel), content=text,
-                                       bytes=len(raw), sha256=hashlib.sha256(raw).hexdigest()))
+                                       bytes=len(raw), sha256=hashlib.sha256(raw).hexdigest(),
+                                       source_commit=commit))
     return result
 
 

@@ -39,7 +39,8 @@ def _record(sources: list[dict]):
         tags: dict[str, Any] = {}
         for i, s in enumerate(sources):
             tags |= {f"codemill.source.{i}.root": s["root"], f"codemill.source.{i}.repo": s["repo"],
-                     f"codemill.source.{i}.fingerprint": s["fingerprint"]}
+                     f"codemill.source.{i}.fingerprint": s["fingerprint"],
+                     f"codemill.source.{i}.commit": s.get("commit") or "none"}
         lineage.tag(run_id, tags)
         lineage.log_params(run_id, {"ingest": m.config})
         st = m.stats

@@ -72,3 +72,28 @@ def test_fingerprint_tracks_content_not_mtime(tmp_path):
     assert fingerprint_source(tmp_path, ["**/*.py"], [])[0] == d1 and n == 1
     f.write_text("x = 2\n")
     assert fingerprint_source(tmp_path, ["**/*.py"], [])[0] != d1
+
+
+def test_git_repository_records_commit_and_skips_vcs_dirs(tmp_path):
+    import shutil
+    import subprocess
+
+    from codemill.data.local_source import git_commit
+
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    repo = tmp_path / "proj"
+    (repo / "pkg").mkdir(parents=True)
+    (repo / "pkg" / "mod.py").write_text("def f():\n    return 1\n")
+    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@e", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@e",
+           "PATH": os.environ["PATH"], "HOME": str(tmp_path)}
+    for cmd in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "init"]):
+        subprocess.run(["git", "-C", str(repo), *cmd], check=True, env=env)
+    head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    assert git_commit(repo) == head
+    assert git_commit(tmp_path) is None
+    assert git_commit(repo / "pkg") is None  # inside the work tree, but not its root
+    res = scan_source(repo, "proj", ["**/*"], [], max_bytes=10**6, commit=git_commit(repo))
+    assert [f.path for f in res.files] == ["pkg/mod.py"]  # nothing from .git/, whatever include says
+    assert res.files[0].source_commit == head
