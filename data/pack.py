@@ -7,7 +7,7 @@ row). The trainer turns them into ``position_ids`` and a block-causal attention 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -54,13 +54,6 @@ class Packer:
     @property
     def leftover(self) -> int:
         return len(self.buf)
-
-
-def pack_documents(docs: Iterable[list[int]], eos_id: int, seq_len: int) -> Iterator[np.ndarray]:
-    packer = Packer(eos_id, seq_len)
-    for ids in docs:
-        for tokens, _ in packer.add(ids):
-            yield tokens
 
 
 class ShardWriter:

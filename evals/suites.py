@@ -18,7 +18,7 @@ from codemill.config import EvalConfig
 from codemill.data.corpus import read_split
 from codemill.evals import completion as comp
 from codemill.evals import humaneval as he
-from codemill.evals.bpb import file_nll, nats_to_bits
+from codemill.evals.bpb import bits_per_byte, file_nll, nats_to_bits
 from codemill.evals.gate import ItemScores
 from codemill.evals.generate import SamplingParams, generate
 from codemill.evals.sandbox import Limits, Sandbox
@@ -74,7 +74,8 @@ def run_bpb(m: EvalModel, val: pl.DataFrame, clusters: list[str], cfg: EvalConfi
     n_bytes = val["bytes"].to_numpy().astype(np.float64)
     rows = pl.DataFrame({
         "item_id": [f"{r}/{p}" for r, p in zip(val["repo"], val["path"], strict=True)], "cluster": clusters,
-        "bytes": val["bytes"], "tokens": [len(x) for x in ids], "nll_bits": bits, "bpb": bits / n_bytes})
+        "bytes": val["bytes"], "tokens": [len(x) for x in ids], "nll_bits": bits,
+        "bpb": [bits_per_byte(x, int(b)) for x, b in zip(nll, n_bytes, strict=True)]})
     summary = {**_ci(bits, n_bytes, np.array(clusters), cfg, "val_bpb"), "files": rows.height,
                "clusters": len(set(clusters)), "bytes": int(n_bytes.sum()), "tokens": int(rows["tokens"].sum())}
     return rows, summary

@@ -1,6 +1,6 @@
 import numpy as np
 
-from codemill.data.pack import Packer, ShardWriter, open_token_shards, pack_documents, token_dtype
+from codemill.data.pack import Packer, ShardWriter, open_token_shards, token_dtype
 from codemill.data.tokenizer import EOS_TOKEN, train_bpe
 
 
@@ -10,7 +10,8 @@ def test_dtype_by_vocab():
 
 
 def test_packing_inserts_eos_and_cuts_fixed_rows():
-    rows = list(pack_documents([[1, 2, 3], [4, 5], [6, 7, 8, 9]], eos_id=0, seq_len=4))
+    packer = Packer(eos_id=0, seq_len=4)
+    rows = [r for doc in ([1, 2, 3], [4, 5], [6, 7, 8, 9]) for r, _ in packer.add(doc)]
     assert [r.tolist() for r in rows] == [[1, 2, 3, 0], [4, 5, 0, 6], [7, 8, 9, 0]]
 
 
