@@ -1,18 +1,18 @@
-"""From scanned source files to the corpus table: exact dedup and the deterministic repo-level split."""
+"""The corpus layout: the row schema, the deterministic repo-level split and bounded Parquet shards."""
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
 from pathlib import Path
 
 import polars as pl
 
-from codemill.data.local_source import SourceFile
+from codemill.hashing import sha256_file
 
 CORPUS_SCHEMA = {
     "repo": pl.String, "path": pl.String, "language": pl.String, "content": pl.String,
     "bytes": pl.Int64, "sha256": pl.String, "source_commit": pl.String, "split": pl.String,
+    "redactions": pl.Int32,
 }
 
 
@@ -33,35 +33,49 @@ def assign_split(key: str, val_fraction: float, salt: str) -> str:
     return "val" if u < val_fraction else "train"
 
 
-def build_corpus_table(files: Iterable[SourceFile], *, split_unit: str, val_fraction: float,
-                       salt: str) -> tuple[pl.DataFrame, int]:
-    """Rows sorted by (repo, path); exact duplicates (same content hash) dropped keeping the first.
+class ShardWriter:
+    """Appends rows and cuts a Parquet shard whenever max_rows or max_bytes (of content) is reached.
 
-    Returns the table and the number of duplicates removed.
+    Holds at most one shard's rows. Shards are named in order; ``close`` writes the rest (an empty shard
+    when nothing was written, so every split has a readable file with the schema) and returns per-shard stats.
     """
-    rows = [
-        {"repo": f.repo, "path": f.path, "language": f.language, "content": f.content, "bytes": f.bytes,
-         "sha256": f.sha256, "source_commit": f.source_commit,
-         "split": assign_split(split_key(f.repo, f.path, split_unit), val_fraction, salt)}
-        for f in files
-    ]
-    df = pl.DataFrame(rows, schema=CORPUS_SCHEMA).sort(["repo", "path"])
-    deduped = df.unique(subset=["sha256"], keep="first", maintain_order=True)
-    return deduped, df.height - deduped.height
 
+    def __init__(self, out_dir: Path, prefix: str, max_rows: int, max_bytes: int, unit: str = "repository") -> None:
+        self.out_dir, self.prefix, self.max_rows, self.max_bytes = out_dir, prefix, max_rows, max_bytes
+        self.unit = unit
+        self.pending: list[pl.DataFrame] = []
+        self.rows = self.bytes = 0
+        self.shards: list[dict] = []
+        self.units: set[str] = set()
+        out_dir.mkdir(parents=True, exist_ok=True)
 
-def write_shards(df: pl.DataFrame, out_dir: Path, prefix: str, max_rows: int) -> list[dict]:
-    """Parquet shards of at most max_rows rows, named in order; returns per-shard stats."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    shards = []
-    for i, start in enumerate(range(0, max(df.height, 1), max_rows)):
-        part = df.slice(start, max_rows)
-        if part.height == 0 and i > 0:
-            break
-        name = f"{prefix}-{i:05d}.parquet"
-        write_parquet_shard(part, out_dir / name)
-        shards.append({"file": f"{out_dir.name}/{name}", "rows": part.height, "bytes": int(part["bytes"].sum())})
-    return shards
+    def add(self, df: pl.DataFrame) -> None:
+        start = 0
+        sizes = df["bytes"].to_list()
+        for i, size in enumerate(sizes):
+            if self.rows and (self.rows + 1 > self.max_rows or self.bytes + size > self.max_bytes):
+                self.pending.append(df.slice(start, i - start))
+                start = i
+                self._flush()
+            self.rows += 1
+            self.bytes += size
+        if start < df.height:
+            self.pending.append(df.slice(start))
+
+    def _flush(self) -> None:
+        part = pl.concat(self.pending) if self.pending else pl.DataFrame(schema=CORPUS_SCHEMA)
+        name = f"{self.prefix}-{len(self.shards):05d}.parquet"
+        path = self.out_dir / name
+        write_parquet_shard(part, path)
+        self.units.update(split_key(r, p, self.unit) for r, p in zip(part["repo"], part["path"], strict=True))
+        self.shards.append({"file": f"{self.out_dir.name}/{name}", "rows": part.height,
+                            "bytes": int(part["bytes"].sum()), "sha256": sha256_file(path)})
+        self.pending, self.rows, self.bytes = [], 0, 0
+
+    def close(self) -> list[dict]:
+        if self.rows or not self.shards:
+            self._flush()
+        return self.shards
 
 
 def write_parquet_shard(df: pl.DataFrame, path: Path) -> None:
@@ -72,4 +86,4 @@ def read_split(corpus_dir: Path, split: str) -> pl.DataFrame:
     files = sorted((corpus_dir / split).glob("*.parquet"))
     if not files:
         return pl.DataFrame(schema=CORPUS_SCHEMA)
-    return pl.concat([pl.read_parquet(f) for f in files])
+    return pl.concat([pl.read_parquet(f) for f in files], how="diagonal_relaxed")

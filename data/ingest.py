@@ -1,94 +1,321 @@
-"""The ingest stage as one pure function: sources -> rejected-by-reason counts -> dedup -> split -> shards."""
+"""The ingest stage as plain functions: chunks of raw rows -> filtered, redacted, decontaminated rows ->
+corpus-wide exact and near dedup -> repo-level split -> bounded Parquet shards.
+
+Memory stays bounded as the corpus grows: content is only ever held one chunk (or one output shard) at a
+time; the corpus-wide steps see a few hundred bytes per file (hashes, LSH band keys, ranks). Each processed
+chunk is cached under a digest of its input rows (paths and content hashes) and of the processing config,
+so a re-ingest where few files changed re-does only their chunks.
+"""
 
 from __future__ import annotations
 
-import sys
-import sysconfig
+import hashlib
+import shutil
+import tempfile
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
+from typing import Any, Protocol
 
-from codemill.config import IngestConfig, SourceConfig
-from codemill.data.corpus import build_corpus_table, split_key, write_shards
-from codemill.data.local_source import check_source_root, fingerprint_source, git_commit, scan_source
+import numpy as np
+import polars as pl
 
-INGEST_CODE_VERSION = "ingest-v1"
+from codemill.config import IngestConfig
+from codemill.data.corpus import CORPUS_SCHEMA, ShardWriter, assign_split, split_key
+from codemill.data.decontaminate import NgramIndex, build_index, contamination, load_eval_texts
+from codemill.data.dedup import normalized_hash, resolve_duplicates
+from codemill.data.filters import apply_filters, language_expr
+from codemill.data.minhash import band_keys, optimal_bands, signatures
+from codemill.data.redact import PLACEHOLDERS, redact_column
+from codemill.data.shingles import ngram_hashes
+from codemill.data.sources import ChunkSpec, plan_chunks, read_chunk, source_fingerprint
+from codemill.data.sources import stdlib_root as stdlib_root  # re-exported
+from codemill.hashing import digest_of
+
+INGEST_CODE_VERSION = "ingest-v2"
+CHUNK_CODE_VERSION = "ingest-chunk-v1"
+READ_REASONS = ("unreadable", "unreadable_dir", "symlink_loop", "broken_symlink", "not_regular_file", "too_large",
+                "empty", "binary", "invalid_utf8", "invalid_json", "null_content", "not_text")
+STEPS = {"read": READ_REASONS, "language": ("language_not_allowed",),
+         "filter": ("max_line_length", "mean_line_length", "alnum_fraction", "auto_generated", "encoded_data"),
+         "decontamination": ("contaminated",), "exact_dedup": ("exact_duplicate",),
+         "near_dedup": ("near_duplicate",)}
+LEDGER_COLUMNS = ["source", "repo", "path", "sha256", "bytes", "reason"]
+
+
+class ChunkCache(Protocol):
+    """Where processed chunks live between the passes (and across runs, for incremental re-ingest)."""
+
+    def load(self, key: str) -> pl.DataFrame | None: ...
+
+    def save(self, key: str, df: pl.DataFrame) -> None: ...
 
 
 @dataclass(frozen=True)
-class ResolvedSource:
+class DirChunkCache:
     root: str
-    repo: str
-    include: tuple[str, ...]
-    exclude: tuple[str, ...]
+
+    def _path(self, key: str) -> Path:
+        return Path(self.root) / key[:2] / f"{key}.parquet"
+
+    def load(self, key: str) -> pl.DataFrame | None:
+        p = self._path(key)
+        return pl.read_parquet(p) if p.is_file() else None
+
+    def save(self, key: str, df: pl.DataFrame) -> None:
+        p = self._path(key)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tmp = p.with_name(f".{p.name}.{id(df)}.tmp")
+        df.write_parquet(tmp, compression="zstd")
+        tmp.replace(p)  # atomic: a reader sees the whole chunk or none
 
 
-def stdlib_root() -> str:
-    return sysconfig.get_paths()["stdlib"]
+@dataclass(frozen=True)
+class Processing:
+    """Everything a worker needs to process a chunk: picklable, so chunks can run on other processes."""
+
+    cfg: IngestConfig
+    bands: int
+    rows: int
+    index: NgramIndex | None
+    digest: str
 
 
-def resolve_source(src: SourceConfig) -> ResolvedSource:
-    if src.path:
-        root = str(check_source_root(Path(src.path).expanduser()).resolve())
-        repo = src.repo or Path(root).name
-    else:
-        root = stdlib_root()
-        repo = src.repo or f"python{sys.version_info.major}.{sys.version_info.minor}-stdlib"
-    return ResolvedSource(root=root, repo=repo, include=tuple(src.include), exclude=tuple(src.exclude))
+@dataclass(frozen=True)
+class ChunkResult:
+    key: str
+    reused: bool
+    ledger: pl.DataFrame  # every row: LEDGER_COLUMNS + redaction counts, contamination
+    candidates: pl.DataFrame  # rows that passed the per-file steps: row, norm_hash, bands, lsh_valid
+
+
+def prepare(cfg: IngestConfig) -> Processing:
+    bands, rows = optimal_bands(cfg.near_dedup.threshold, cfg.near_dedup.num_perm)
+    index, eval_digest = None, None
+    if cfg.decontamination.enabled:
+        texts = load_eval_texts(cfg.decontamination)
+        index, eval_digest = build_index(texts, cfg.decontamination.ngram), texts.digest()
+    per_file = {k: v for k, v in cfg.digest_config().items() if k not in ("sources", "val_fraction", "split_unit",
+                                                                          "split_salt", "shard_max_rows",
+                                                                          "shard_max_bytes")}
+    digest = digest_of({"code": CHUNK_CODE_VERSION, "config": per_file, "eval_texts": eval_digest,
+                        "polars": pl.__version__, "bands": [bands, rows]})
+    return Processing(cfg, bands, rows, index, digest)
+
+
+def chunk_key(raw: pl.DataFrame, proc: Processing) -> str:
+    h = hashlib.sha256(proc.digest.encode())
+    for row in raw.select("source", "repo", "path", "sha256", "source_commit", "reason").iter_rows():
+        h.update(repr(row).encode())
+    return h.hexdigest()
+
+
+def process_chunk(raw: pl.DataFrame, proc: Processing) -> pl.DataFrame:
+    """Per-file steps over one chunk: language, filters, decontamination, redaction, hashes, MinHash bands."""
+    cfg = proc.cfg
+    df = raw.with_columns(language_expr(pl.col("path"), cfg.languages).alias("language"))
+    if cfg.allow_languages:
+        df = df.with_columns(pl.when(pl.col("reason").is_null() & ~pl.col("language").is_in(cfg.allow_languages))
+                             .then(pl.lit("language_not_allowed")).otherwise(pl.col("reason")).alias("reason"))
+    live = df.filter(pl.col("reason").is_null())
+    done = df.filter(pl.col("reason").is_not_null()).with_columns(pl.lit(None, pl.String).alias("content"))
+    if live.height:
+        live = apply_filters(live, cfg.filters).select(*df.columns)
+    overlap = np.zeros(live.height)
+    matched: list[str | None] = [None] * live.height
+    if proc.index is not None and live.height:
+        ok = live["reason"].is_null().to_numpy()
+        o, lab = contamination(live["content"].filter(ok), proc.index, cfg.decontamination.ngram)
+        overlap[ok] = o
+        it = iter(lab)
+        matched = [next(it) if k else None for k in ok]
+    live = live.with_columns(pl.Series("contamination", overlap), pl.Series("contaminated_by", matched,
+                                                                            dtype=pl.String))
+    live = live.with_columns(pl.when(pl.col("reason").is_null() & (pl.col("contamination")
+                                                                   >= cfg.decontamination.threshold))
+                             .then(pl.lit("contaminated")).otherwise(pl.col("reason")).alias("reason"))
+    kept = live.filter(pl.col("reason").is_null())
+    dropped = live.filter(pl.col("reason").is_not_null()).with_columns(pl.lit(None, pl.String).alias("content"))
+    kept = _redact_and_hash(kept, proc)
+    out = pl.concat([done, dropped, kept], how="diagonal_relaxed")
+    return out.sort("row")
+
+
+def _redact_and_hash(kept: pl.DataFrame, proc: Processing) -> pl.DataFrame:
+    cfg = proc.cfg
+    content, per_row = redact_column(kept["content"], cfg.redaction)
+    counts = {f"redact_{p}": pl.Series([r.get(p, 0) for r in per_row], dtype=pl.Int32) for p in PLACEHOLDERS}
+    kept = kept.with_columns(content.alias("content"), **counts)
+    ng = ngram_hashes(kept["content"], cfg.near_dedup.ngram)
+    sig = signatures(ng, cfg.near_dedup.num_perm, cfg.near_dedup.seed)
+    keys = band_keys(sig, proc.bands, proc.rows)
+    return kept.with_columns(normalized_hash(kept["content"]),
+                             pl.Series("bands", keys, dtype=pl.Array(pl.UInt64, proc.bands)),
+                             pl.Series("lsh_valid", ng.tokens_per_doc >= cfg.near_dedup.ngram))
+
+
+def work_chunk(spec: ChunkSpec, proc: Processing, cache: ChunkCache) -> ChunkResult:
+    """Read a chunk, reuse its processed rows if cached, else process and cache them."""
+    raw = read_chunk(spec, proc.cfg.max_file_bytes).with_row_index("row")
+    key = chunk_key(raw, proc)
+    done = cache.load(key)
+    reused = done is not None
+    if done is None:
+        done = process_chunk(raw, proc)
+        cache.save(key, done)
+    extra = [c for c in done.columns if c.startswith("redact_")] + ["contamination", "contaminated_by", "language"]
+    ledger = done.select(*LEDGER_COLUMNS, *[c for c in extra if c in done.columns])
+    cands = done.filter(pl.col("reason").is_null()).select("row", "norm_hash", "bands", "lsh_valid")
+    return ChunkResult(key, reused, ledger, cands)
+
+
+Mapper = Callable[[Callable[[ChunkSpec], ChunkResult], list[ChunkSpec]], Iterable[ChunkResult]]
 
 
 def fingerprint_sources(cfg: IngestConfig) -> list[dict]:
-    """Per source: root, repo and content fingerprint. Fails at once, naming the path, if a root is missing."""
-    out = []
-    for src in (resolve_source(s) for s in cfg.sources):
-        digest, n = fingerprint_source(src.root, list(src.include), list(src.exclude))
-        out.append({"root": src.root, "repo": src.repo, "fingerprint": digest, "files": n,
-                    "commit": git_commit(src.root)})
-    return out
+    """Per source: location, repo and content fingerprint. Fails at once, naming the source, if unreadable."""
+    from codemill.data.sources import default_repo
+    return [{**source_fingerprint(s), "repo": default_repo(s), "kind": s.kind} for s in cfg.sources]
 
 
-def run_ingest(cfg: IngestConfig, out_dir: Path,
-               progress: Callable[[str], None] | None = None) -> dict:
-    """Write train/ and val/ Parquet shards under out_dir; return the stats that go into the manifest."""
-    rejected: Counter[str] = Counter()
-    examples: list[tuple[str, str]] = []
-    files = []
-    seen = 0
-    per_source = []
-    for src in (resolve_source(s) for s in cfg.sources):
-        if progress:
-            progress(f"scanning {src.root}")
-        commit = git_commit(src.root)
-        scan = scan_source(src.root, src.repo, list(src.include), list(src.exclude), cfg.max_file_bytes, commit)
-        seen += scan.seen
-        rejected.update(scan.rejected)
-        examples.extend((f"{src.repo}/{p}", r) for p, r in scan.rejected_examples)
-        files.extend(scan.files)
-        per_source.append({"root": src.root, "repo": src.repo, "commit": commit, "seen": scan.seen,
-                           "accepted": len(scan.files),
-                           "rejected": dict(scan.rejected)})
-    table, duplicates = build_corpus_table(files, split_unit=cfg.split_unit, val_fraction=cfg.val_fraction,
-                                           salt=cfg.split_salt)
-    if duplicates:
-        rejected["exact_duplicate"] += duplicates
-    shards = {}
+def run_ingest(cfg: IngestConfig, out_dir: Path, cache: ChunkCache | None = None,
+               progress: Callable[[str], None] | None = None, mapper: Mapper | None = None) -> dict:
+    """Write train/ and val/ shards plus audit tables under out_dir; return the stats for the manifest."""
+    say = progress or (lambda _m: None)
+    tmp = None
+    if cache is None:
+        tmp = tempfile.mkdtemp(prefix="codemill-chunks-")
+        cache = DirChunkCache(tmp)
+    try:
+        return _run(cfg, out_dir, cache, say, mapper or map)
+    finally:
+        if tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _run(cfg: IngestConfig, out_dir: Path, cache: ChunkCache, say: Callable[[str], None], mapper: Mapper) -> dict:
+    proc = prepare(cfg)
+    specs: list[ChunkSpec] = []
+    for i, src in enumerate(cfg.sources):
+        say(f"planning source {i}: {src.kind} {src.path or 'stdlib'}")
+        specs += plan_chunks(i, src, cfg.chunk_files)
+    say(f"processing {len(specs)} chunks")
+    results = list(mapper(partial(work_chunk, proc=proc, cache=cache), specs))
+    ledger = pl.concat([r.ledger.with_columns(pl.lit(c, pl.Int32).alias("chunk"), pl.int_range(pl.len()).alias("row"))
+                        for c, r in enumerate(results)], how="diagonal_relaxed") if results else _empty_ledger()
+    ledger = ledger.with_row_index("rank").with_columns(pl.col("rank").cast(pl.Int64))
+    cands = pl.concat([r.candidates.with_columns(pl.lit(c, pl.Int32).alias("chunk")) for c, r in enumerate(results)])
+    cands = cands.join(ledger.select("chunk", "row", "rank"), on=["chunk", "row"], how="left")
+    say(f"corpus-wide dedup over {cands.height} files")
+    drops = resolve_duplicates(cands.select("rank", "norm_hash", "bands", "lsh_valid"), cfg.near_dedup.enabled)
+    ledger = ledger.join(drops, on="rank", how="left", suffix="_dedup").with_columns(
+        pl.coalesce("reason", "reason_dedup").alias("reason")).drop("reason_dedup").sort("rank")
+    shards = _write_outputs(cfg, out_dir, results, ledger, cache, say)
+    return _stats(cfg, proc, ledger, results, shards, out_dir)
+
+
+def _empty_ledger() -> pl.DataFrame:
+    return pl.DataFrame(schema={"source": pl.Int32, "repo": pl.String, "path": pl.String, "sha256": pl.String,
+                                "bytes": pl.Int64, "reason": pl.String, "chunk": pl.Int32, "row": pl.Int64})
+
+
+def _write_outputs(cfg: IngestConfig, out_dir: Path, results: list[ChunkResult], ledger: pl.DataFrame,
+                   cache: ChunkCache, say: Callable[[str], None]) -> dict[str, list[dict]]:
+    writers = {s: ShardWriter(out_dir / s, s, cfg.shard_max_rows, cfg.shard_max_bytes, cfg.split_unit)
+               for s in ("train", "val")}
+    keep = ledger.filter(pl.col("reason").is_null()).select("chunk", "row")
+    for c, r in enumerate(results):
+        if c % 20 == 0:
+            say(f"writing shards: chunk {c + 1}/{len(results)}")
+        rows = keep.filter(pl.col("chunk") == c)["row"]
+        if rows.len() == 0:
+            continue
+        done = cache.load(r.key)
+        if done is None:
+            raise RuntimeError(f"processed chunk {r.key} vanished from the chunk cache during the run")
+        part = done.filter(pl.col("row").is_in(rows.implode()))
+        split = [assign_split(split_key(rp, p, cfg.split_unit), cfg.val_fraction, cfg.split_salt)
+                 for rp, p in zip(part["repo"], part["path"], strict=True)]
+        part = part.with_columns(pl.Series("split", split, dtype=pl.String),
+                                 pl.sum_horizontal(pl.col("^redact_.*$")).cast(pl.Int32).alias("redactions"))
+        for s, w in writers.items():
+            w.add(part.filter(pl.col("split") == s).select(*CORPUS_SCHEMA))
+    audit = ledger.drop("chunk", "row")
+    audit.write_parquet(out_dir / "files.parquet", compression="zstd")
+    shards = {s: w.close() for s, w in writers.items()}
+    for s, w in writers.items():
+        shards[s][0]["units"] = len(w.units)  # split units, counted over the whole split
+    return shards
+
+
+def _step_of(reason: str) -> str:
+    return next((step for step, reasons in STEPS.items() if reason in reasons), "read")
+
+
+def _stats(cfg: IngestConfig, proc: Processing, ledger: pl.DataFrame, results: list[ChunkResult],
+           shards: dict[str, list[dict]], out_dir: Path) -> dict[str, Any]:
+    rejected = ledger.filter(pl.col("reason").is_not_null())
+    by_reason = rejected.group_by("reason").agg(pl.len().alias("files"), pl.col("bytes").sum().alias("bytes"))
+    steps = sorted(({"step": _step_of(r), "reason": r, "files": int(f), "bytes": int(b)}
+                    for r, f, b in by_reason.iter_rows()), key=lambda d: (list(STEPS).index(d["step"]), d["reason"]))
+    kept = ledger.filter(pl.col("reason").is_null())
+    redactions = {p: int(ledger[f"redact_{p}"].sum()) for p in PLACEHOLDERS if f"redact_{p}" in ledger.columns}
+    redacted_files = (int(kept.select(pl.sum_horizontal(pl.col("^redact_.*$")) > 0).to_series().sum())
+                      if redactions else 0)
+    contaminated = ledger.filter(pl.col("reason") == "contaminated").select(
+        "repo", "path", "contamination", "contaminated_by") if "contaminated_by" in ledger.columns else None
+    if contaminated is not None:
+        contaminated.write_parquet(out_dir / "decontaminated.parquet")
+    dups = ledger.filter(pl.col("reason").is_in(["exact_duplicate", "near_duplicate"])).join(
+        ledger.select(pl.col("rank").alias("kept_rank"), pl.col("repo").alias("kept_repo"),
+                      pl.col("path").alias("kept_path")), on="kept_rank", how="left").select(
+        "repo", "path", "reason", "kept_repo", "kept_path")
+    dups.write_parquet(out_dir / "duplicates.parquet")
     split_stats = {}
-    for split in ("train", "val"):
-        part = table.filter(table["split"] == split)
-        if progress:
-            progress(f"writing {split} shards ({part.height} files)")
-        shards[split] = write_shards(part, out_dir / split, split, cfg.shard_max_rows)
-        split_stats[split] = {"files": part.height, "bytes": int(part["bytes"].sum()),
-                              "units": len({split_key(r, p, cfg.split_unit)
-                                            for r, p in zip(part["repo"], part["path"], strict=True)})}
+    for split, parts in shards.items():
+        split_stats[split] = {"files": sum(p["rows"] for p in parts), "bytes": sum(p["bytes"] for p in parts),
+                              "units": parts[0].pop("units")}
+    per_source = []
+    for i, src in enumerate(cfg.sources):
+        s = ledger.filter(pl.col("source") == i)
+        per_source.append({"kind": src.kind, "path": src.path, "seen": s.height,
+                           "accepted": int(s["reason"].is_null().sum()),
+                           "rejected": dict(sorted(Counter(s["reason"].drop_nulls().to_list()).items()))})
     return {
-        "files_seen": seen,
-        "files_kept": table.height,
-        "bytes_kept": int(table["bytes"].sum()),
-        "rejected_by_reason": dict(sorted(rejected.items())),
-        "rejected_examples": examples[:200],
+        "files_seen": ledger.height,
+        "files_kept": kept.height,
+        "bytes_kept": int(kept["bytes"].sum()),
+        "rejected_by_reason": {d["reason"]: d["files"] for d in steps},
+        "steps": steps,
+        "rejected_examples": [[f"{r}/{p}", why] for r, p, why in
+                              rejected.select("repo", "path", "reason").head(200).iter_rows()],
+        "redactions": redactions,
+        "redacted_files": redacted_files,
+        "decontamination": {"eval_sets": [e.name for e in cfg.decontamination.eval_sets]
+                            if cfg.decontamination.enabled else [],
+                            "texts_too_short": proc.index.skipped_short if proc.index else 0,
+                            "dropped": contaminated.head(100).to_dicts() if contaminated is not None else []},
+        "near_dedup": {"enabled": cfg.near_dedup.enabled, "bands": proc.bands, "rows": proc.rows,
+                       "num_perm": cfg.near_dedup.num_perm, "threshold": cfg.near_dedup.threshold,
+                       "clusters": int(dups.filter(pl.col("reason") == "near_duplicate")["kept_path"].n_unique())},
+        "chunks": {"total": len(results), "reused": sum(r.reused for r in results)},
         "splits": split_stats,
         "shards": shards,
         "sources": per_source,
     }
+
+
+def diff_ledgers(previous: pl.DataFrame, current: pl.DataFrame) -> tuple[dict[str, int], pl.DataFrame]:
+    """Files added, removed, modified (same repo/path, new content) and unchanged since a previous corpus."""
+    key = ["repo", "path"]
+    prev = previous.select(*key, pl.col("sha256").alias("old_sha256")).unique(key)
+    cur = current.select(*key, "sha256").unique(key)
+    j = cur.join(prev, on=key, how="full", coalesce=True)
+    j = j.with_columns(pl.when(pl.col("old_sha256").is_null()).then(pl.lit("added"))
+                       .when(pl.col("sha256").is_null()).then(pl.lit("removed"))
+                       .when(pl.col("sha256") != pl.col("old_sha256")).then(pl.lit("modified"))
+                       .otherwise(pl.lit("unchanged")).alias("change")).sort(key)
+    counts = {c: int((j["change"] == c).sum()) for c in ("added", "removed", "modified", "unchanged")}
+    return counts, j.filter(pl.col("change") != "unchanged")

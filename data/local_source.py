@@ -8,6 +8,7 @@ silently lost. A missing or non-directory source root is an immediate error.
 from __future__ import annotations
 
 import errno
+import fnmatch
 import hashlib
 import os
 import stat
@@ -63,9 +64,18 @@ def check_source_root(root: str | Path) -> Path:
     return p
 
 
+def skipped_dir(name: str, abspath: str, skip_dirs: list[str]) -> bool:
+    """VCS folders always; then the configured names (globs allowed) and virtualenvs (``pyvenv.cfg``)."""
+    if name in VCS_DIRS or any(fnmatch.fnmatchcase(name, pat) for pat in skip_dirs):
+        return True
+    return bool(skip_dirs) and os.path.isfile(os.path.join(abspath, "pyvenv.cfg"))
+
+
 def iter_candidates(root: Path, include: list[str], exclude: list[str],
-                    on_error: ScanResult | None = None) -> Iterator[tuple[str, Path]]:
+                    on_error: ScanResult | None = None,
+                    skip_dirs: list[str] | None = None) -> Iterator[tuple[str, Path]]:
     """(relative path, absolute path) of files matching include and not exclude, in sorted order."""
+    skip = list(skip_dirs or [])
     def onerror(exc: OSError) -> None:
         if on_error is not None and exc.filename:
             rel = os.path.relpath(exc.filename, root)
@@ -81,7 +91,7 @@ def iter_candidates(root: Path, include: list[str], exclude: list[str],
                 if on_error is not None:
                     on_error.reject(rel, "symlinked_dir_not_followed")
                 continue
-            if d not in VCS_DIRS and not dir_excluded(rel, exclude):
+            if not skipped_dir(d, os.path.join(dirpath, d), skip) and not dir_excluded(rel, exclude):
                 kept.append(d)
         dirnames[:] = kept
         for name in sorted(filenames):
@@ -167,7 +177,8 @@ def scan_source(root: str | Path, repo: str, include: list[str], exclude: list[s
     return result
 
 
-def fingerprint_source(root: str | Path, include: list[str], exclude: list[str]) -> tuple[str, int]:
+def fingerprint_source(root: str | Path, include: list[str], exclude: list[str],
+                       skip_dirs: list[str] | None = None) -> tuple[str, int]:
     """sha256 over (relative path, content hash) of every candidate file: the source's content identity.
 
     Touching a file does not change it; editing, adding or removing one does. Unreadable entries enter by
@@ -176,7 +187,7 @@ def fingerprint_source(root: str | Path, include: list[str], exclude: list[str])
     root_path = check_source_root(root)
     h = hashlib.sha256()
     n = 0
-    for rel, abspath in iter_candidates(root_path, include, exclude):
+    for rel, abspath in iter_candidates(root_path, include, exclude, skip_dirs=skip_dirs):
         n += 1
         try:
             piece = sha256_file(abspath) if stat.S_ISREG(os.stat(abspath).st_mode) else "!not_regular_file"

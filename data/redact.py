@@ -1,0 +1,170 @@
+"""Secret and PII redaction with typed placeholders.
+
+Detectors (after bigcode-dataset ``pii/``; regexes instead of the StarPII NER model, which needs a GPU and a
+hub download):
+
+- ``<EMAIL>``: addresses with a dotted domain; ``example.com``/``.org``/``.net`` and ``*.invalid``/
+  ``*.test``/``*.local`` domains are kept, as are ``@``-decorators and ``user@host`` without a dot.
+- ``<IP_ADDRESS>``: IPv4/IPv6 that ``ipaddress`` accepts and that are global; private, loopback,
+  link-local, documentation ranges and the well-known public DNS resolvers are kept (as BigCode does). A
+  dotted quad counts only near an address word (host, server, ip, url, ...; BigCode asks for dns/server)
+  and not after version/section/rfc, so version and section numbers stay. IPv6 needs three groups.
+- ``<AWS_ACCESS_KEY_ID>``, ``<PRIVATE_KEY>`` (PEM blocks), ``<GITHUB_TOKEN>``, ``<SLACK_TOKEN>``,
+  ``<SLACK_WEBHOOK>``: by their fixed formats.
+- ``<SECRET>``: a quoted value assigned to a secret-looking name (password, secret, token, api_key, ...)
+  that is long enough, has high Shannon entropy and does not look like a placeholder or a template.
+
+The batch is pre-filtered with one vectorised Polars ``str.contains`` per detector, so only candidate files
+pay for the Python-side validation.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+import re
+from collections import Counter
+from collections.abc import Callable
+
+import polars as pl
+
+from codemill.config import RedactionConfig
+
+PLACEHOLDERS = ("EMAIL", "IP_ADDRESS", "AWS_ACCESS_KEY_ID", "PRIVATE_KEY", "GITHUB_TOKEN", "SLACK_TOKEN",
+                "SLACK_WEBHOOK", "SECRET")
+
+EMAIL = re.compile(r"(?<![\w.+-])[A-Za-z0-9][A-Za-z0-9._%+-]{0,63}@(?:[A-Za-z0-9-]{1,63}\.)+[A-Za-z]{2,24}\b")
+IPV4 = re.compile(r"(?<![\w.])(?:\d{1,3}\.){3}\d{1,3}(?![\w.]|\.\d)")
+IPV6 = re.compile(r"(?<![\w:.])(?:[0-9A-Fa-f]{0,4}:){2,7}[0-9A-Fa-f]{0,4}(?![\w:.])")
+AWS_KEY = re.compile(r"\b(?:AKIA|ASIA|AGPA|AIDA|AROA|ANPA|ANVA|AIPA)[A-Z0-9]{16}\b")
+PRIVATE_KEY = re.compile(r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----[\s\S]*?"
+                         r"-----END (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----")
+GITHUB_TOKEN = re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{36,255}|github_pat_[A-Za-z0-9_]{22,255})\b")
+SLACK_TOKEN = re.compile(r"\bxox[abposr]-(?:[A-Za-z0-9]{1,40}-){1,5}[A-Za-z0-9]{1,64}\b")
+SLACK_WEBHOOK = re.compile(r"https://hooks\.slack\.com/services/T[A-Za-z0-9_]+/B[A-Za-z0-9_]+/[A-Za-z0-9_]+")
+SECRET_ASSIGN = re.compile(
+    r"""(?i)\b[\w.-]*?(?:passw(?:or)?d|passwd|secret|token|api[_-]?key|apikey|access[_-]?key|private[_-]?key"""
+    r"""|auth[_-]?key|client[_-]?secret|credentials?)(?:[_-]?(?:key|value|str|string|id))?['"]?\s*"""
+    r"""(?::=|=>|=(?!=)|:)\s*[rbuf]?(['"])(?P<value>[^'"\s]{8,256})\1""")
+ADDRESS_CONTEXT = re.compile(r"(?i)\b(?:ip|ips|ipv4|ipv6|host|hosts|hostname|addr|address|server|dns|nameserver|"
+                             r"connect|url|uri|https?|proxy|bind|socket|inet|endpoint|remote|gateway|peer)\b")
+
+# Cheap, over-inclusive prefilters run by Polars (Rust regex) over the whole batch.
+PREFILTERS = {
+    "EMAIL": r"@[A-Za-z0-9-]+\.",
+    "IP_ADDRESS": r"\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3}|[0-9A-Fa-f]{1,4}::?[0-9A-Fa-f]{1,4}:",
+    "KEYS": r"(?i)AKIA|ASIA|AGPA|AIDA|AROA|ANPA|ANVA|AIPA|PRIVATE KEY|gh[pousr]_|github_pat_|xox[abposr]-"
+            r"|hooks\.slack\.com|passw|secret|token|api.?key|access.?key|auth.?key|credential",
+}
+KEEP_EMAIL_DOMAINS = ("example.com", "example.org", "example.net")
+KEEP_EMAIL_TLDS = (".invalid", ".test", ".local", ".localhost", ".example")
+PUBLIC_DNS = frozenset({"8.8.8.8", "8.8.4.4", "1.1.1.1", "1.0.0.1", "9.9.9.9", "149.112.112.112",
+                        "208.67.222.222", "208.67.220.220", "4.2.2.2", "64.6.64.6", "64.6.65.6",
+                        "76.76.2.0", "76.76.10.0", "94.140.14.14", "2001:4860:4860::8888",
+                        "2001:4860:4860::8844", "2606:4700:4700::1111", "2606:4700:4700::1001"})
+PLACEHOLDER_WORDS = ("xxxx", "****", "your", "example", "changeme", "dummy", "sample", "placeholder", "redacted",
+                     "${", "{{", "%(", "%s", "<", ">", "...")
+
+
+def shannon_entropy(s: str) -> float:
+    counts = Counter(s)
+    n = len(s)
+    return -sum(c / n * math.log2(c / n) for c in counts.values())
+
+
+def _keep_email(m: re.Match[str]) -> bool:
+    domain = m.group(0).rsplit("@", 1)[1].lower()
+    return domain in KEEP_EMAIL_DOMAINS or domain.endswith(KEEP_EMAIL_TLDS)
+
+
+def _keep_ipv4(m: re.Match[str]) -> bool:
+    text, start = m.string, m.start()
+    before = text[max(0, start - 24):start].lower()
+    if re.search(r"(?:\b|_)(version|ver|v|release|section|sections|rfc|spec)\w*[\s=:(\"'#-]*$", before):
+        return True
+    around = text[max(0, start - 100):m.end() + 100]
+    return not ADDRESS_CONTEXT.search(around) or not _is_public_ip(m.group(0))
+
+
+def _is_public_ip(value: str) -> bool:
+    try:
+        ip = ipaddress.ip_address(value)
+    except ValueError:
+        return False
+    return ip.is_global and not ip.is_multicast and value not in PUBLIC_DNS
+
+
+def _keep_ipv6(m: re.Match[str]) -> bool:
+    v = m.group(0)
+    groups = [g for g in v.split(":") if g]
+    return len(groups) < 3 or not _is_public_ip(v)
+
+
+def _looks_like_secret(value: str, cfg: RedactionConfig) -> bool:
+    low = value.lower()
+    if len(value) < cfg.min_secret_length or any(w in low for w in PLACEHOLDER_WORDS):
+        return False
+    if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.]*", value) and not re.search(r"\d", value):
+        return False  # an identifier or dotted name (os.environ key, setting name), not a value
+    if re.fullmatch(r"[a-z]+(?:[-_ ][a-z]+)+", value):
+        return False  # words joined by dashes: a token *type* or a label
+    return shannon_entropy(value) >= cfg.min_entropy
+
+
+Keep = Callable[[re.Match[str]], bool]
+
+
+def _sub(text: str, pattern: re.Pattern[str], label: str, counts: Counter[str], keep: Keep | None = None) -> str:
+    def repl(m: re.Match[str]) -> str:
+        if keep is not None and keep(m):
+            return m.group(0)
+        counts[label] += 1
+        return f"<{label}>"
+    return pattern.sub(repl, text)
+
+
+def redact_text(text: str, cfg: RedactionConfig, candidates: frozenset[str] = frozenset(PREFILTERS)
+                ) -> tuple[str, Counter[str]]:
+    """The text with each finding replaced by ``<TYPE>``, and the count per type."""
+    counts: Counter[str] = Counter()
+    if cfg.keys and "KEYS" in candidates:
+        text = _sub(text, PRIVATE_KEY, "PRIVATE_KEY", counts)
+        text = _sub(text, AWS_KEY, "AWS_ACCESS_KEY_ID", counts)
+        text = _sub(text, GITHUB_TOKEN, "GITHUB_TOKEN", counts)
+        text = _sub(text, SLACK_WEBHOOK, "SLACK_WEBHOOK", counts)
+        text = _sub(text, SLACK_TOKEN, "SLACK_TOKEN", counts)
+
+        def secret(m: re.Match[str]) -> str:
+            value = m.group("value")
+            if not _looks_like_secret(value, cfg):
+                return m.group(0)
+            counts["SECRET"] += 1
+            s, e = m.span("value")
+            return m.group(0)[:s - m.start()] + "<SECRET>" + m.group(0)[e - m.start():]
+        text = SECRET_ASSIGN.sub(secret, text)
+    if cfg.emails and "EMAIL" in candidates:
+        text = _sub(text, EMAIL, "EMAIL", counts, _keep_email)
+    if cfg.ip_addresses and "IP_ADDRESS" in candidates:
+        text = _sub(text, IPV4, "IP_ADDRESS", counts, _keep_ipv4)
+        text = _sub(text, IPV6, "IP_ADDRESS", counts, _keep_ipv6)
+    return text, counts
+
+
+def redact_column(content: pl.Series, cfg: RedactionConfig) -> tuple[pl.Series, list[dict[str, int]]]:
+    """Redacted contents and per-row counts by type; rows no prefilter matches are passed through as is."""
+    n = len(content)
+    if not cfg.enabled or n == 0:
+        return content, [{} for _ in range(n)]
+    flags = pl.DataFrame({name: content.str.contains(pat).fill_null(False) for name, pat in PREFILTERS.items()})
+    any_flag = flags.select(pl.any_horizontal(pl.all())).to_series().to_numpy()
+    out = content.to_list()
+    per_row: list[dict[str, int]] = [{} for _ in range(n)]
+    names = list(PREFILTERS)
+    flag_rows = flags.to_numpy()
+    for i in any_flag.nonzero()[0]:
+        cands = frozenset(names[j] for j in flag_rows[i].nonzero()[0])
+        red, counts = redact_text(out[i], cfg, cands)
+        if counts:
+            out[i] = red
+            per_row[i] = dict(counts)
+    return pl.Series(content.name, out, dtype=pl.String), per_row
