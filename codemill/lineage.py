@@ -107,6 +107,12 @@ class Lineage:
     def log_json(self, run_id: str, obj: Any, artifact_file: str) -> None:
         self.client.log_dict(run_id, json.loads(json.dumps(obj, default=str)), artifact_file)
 
+    def log_table(self, run_id: str, rows: list[dict[str, Any]], artifact_file: str) -> None:
+        """A table the MLflow UI shows in its artifact view (and ``mlflow.load_table`` reads back)."""
+        if rows:
+            columns = {k: [r.get(k) for r in rows] for k in rows[0]}
+            self.client.log_table(run_id, data=columns, artifact_file=artifact_file)
+
     # --- datasets ---------------------------------------------------------------------------------------
     @staticmethod
     def dataset(ref: ArtifactRef, name: str | None = None):

@@ -123,6 +123,12 @@ class ArtifactStore:
             shutil.rmtree(staging, ignore_errors=True)
         return target
 
+    def open_file(self, ref: ArtifactRef, relpath: str, mode: str = "rb"):
+        """Open one file of a committed artifact (without downloading the rest of it)."""
+        if not self.is_committed(ref):
+            raise IncompleteArtifactError(f"{ref.uri} is not committed")
+        return self.fs.open(f"{self._fs_path(ref)}/{relpath}", mode)
+
     def list(self, stage: str) -> list[ArtifactRef]:
         out = []
         for man in self.fs.glob(f"{self.root}/{stage}/*/{MANIFEST}"):

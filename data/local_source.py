@@ -13,7 +13,6 @@ import hashlib
 import os
 import stat
 import subprocess
-from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,36 +22,20 @@ from codemill.hashing import sha256_file
 
 BINARY_SNIFF_BYTES = 8192
 VCS_DIRS = frozenset({".git", ".hg", ".svn"})  # never corpus content, whatever the include patterns say
-LANGUAGE_BY_EXTENSION = {".py": "python", ".pyi": "python", ".c": "c", ".h": "c", ".rs": "rust", ".go": "go",
-                         ".js": "javascript", ".ts": "typescript", ".java": "java", ".sh": "shell"}
 
 
 class SourceNotFoundError(FileNotFoundError):
     pass
 
 
-@dataclass(frozen=True)
-class SourceFile:
-    repo: str
-    path: str  # relative POSIX path inside the source root
-    language: str
-    content: str
-    bytes: int
-    sha256: str
-    source_commit: str | None = None
-
-
 @dataclass
-class ScanResult:
-    files: list[SourceFile] = field(default_factory=list)
-    rejected: Counter[str] = field(default_factory=Counter)
-    rejected_examples: list[tuple[str, str]] = field(default_factory=list)
-    seen: int = 0
+class Rejections:
+    """Entries a folder walk could not take (unreadable folders, symlinked folders), by relative path."""
+
+    entries: list[tuple[str, str]] = field(default_factory=list)
 
     def reject(self, relpath: str, reason: str) -> None:
-        self.rejected[reason] += 1
-        if len(self.rejected_examples) < 1000:
-            self.rejected_examples.append((relpath, reason))
+        self.entries.append((relpath, reason))
 
 
 def check_source_root(root: str | Path) -> Path:
@@ -72,7 +55,7 @@ def skipped_dir(name: str, abspath: str, skip_dirs: list[str]) -> bool:
 
 
 def iter_candidates(root: Path, include: list[str], exclude: list[str],
-                    on_error: ScanResult | None = None,
+                    on_error: Rejections | None = None,
                     skip_dirs: list[str] | None = None) -> Iterator[tuple[str, Path]]:
     """(relative path, absolute path) of files matching include and not exclude, in sorted order."""
     skip = list(skip_dirs or [])
@@ -136,10 +119,6 @@ def decode_source(raw: bytes) -> tuple[str | None, str | None]:
         return None, "invalid_utf8"
 
 
-def language_of(path: str) -> str:
-    return LANGUAGE_BY_EXTENSION.get(os.path.splitext(path)[1].lower(), "unknown")
-
-
 def git_commit(root: str | Path) -> str | None:
     """HEAD of the git repository whose top level is ``root``, else None.
 
@@ -155,26 +134,6 @@ def git_commit(root: str | Path) -> str | None:
     if out.returncode != 0 or len(lines) != 2 or os.path.realpath(lines[0]) != os.path.realpath(root):
         return None
     return lines[1] if len(lines[1]) in (40, 64) else None
-
-
-def scan_source(root: str | Path, repo: str, include: list[str], exclude: list[str],
-                max_bytes: int, commit: str | None = None) -> ScanResult:
-    root_path = check_source_root(root)
-    result = ScanResult()
-    for rel, abspath in iter_candidates(root_path, include, exclude, on_error=result):
-        result.seen += 1
-        raw, reason = read_source_file(abspath, max_bytes)
-        if raw is None:
-            result.reject(rel, reason or "unreadable")
-            continue
-        text, reason = decode_source(raw)
-        if text is None:
-            result.reject(rel, reason or "undecodable")
-            continue
-        result.files.append(SourceFile(repo=repo, path=rel, language=language_of(rel), content=text,
-                                       bytes=len(raw), sha256=hashlib.sha256(raw).hexdigest(),
-                                       source_commit=commit))
-    return result
 
 
 def fingerprint_source(root: str | Path, include: list[str], exclude: list[str],

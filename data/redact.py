@@ -46,8 +46,8 @@ SECRET_ASSIGN = re.compile(
     r"""(?i)\b[\w.-]*?(?:passw(?:or)?d|passwd|secret|token|api[_-]?key|apikey|access[_-]?key|private[_-]?key"""
     r"""|auth[_-]?key|client[_-]?secret|credentials?)(?:[_-]?(?:key|value|str|string|id))?['"]?\s*"""
     r"""(?::=|=>|=(?!=)|:)\s*[rbuf]?(['"])(?P<value>[^'"\s]{8,256})\1""")
-ADDRESS_CONTEXT = re.compile(r"(?i)\b(?:ip|ips|ipv4|ipv6|host|hosts|hostname|addr|address|server|dns|nameserver|"
-                             r"connect|url|uri|https?|proxy|bind|socket|inet|endpoint|remote|gateway|peer)\b")
+ADDRESS_CONTEXT = re.compile(r"(?i)(?<![a-z])(?:ip|ips|ipv4|ipv6|host|hosts|hostname|addr|address|server|dns|"
+                             r"nameserver|connect|url|uri|https?|proxy|bind|socket|inet|endpoint|remote|gateway|peer)(?![a-z])")
 
 # Cheap, over-inclusive prefilters run by Polars (Rust regex) over the whole batch.
 PREFILTERS = {

@@ -26,7 +26,14 @@ from typing import Any
 import polars as pl
 
 from codemill.config import SourceConfig
-from codemill.data.local_source import check_source_root, decode_source, git_commit, iter_candidates, read_source_file
+from codemill.data.local_source import (
+    Rejections,
+    check_source_root,
+    decode_source,
+    git_commit,
+    iter_candidates,
+    read_source_file,
+)
 
 RAW_SCHEMA = {"source": pl.Int32, "repo": pl.String, "path": pl.String, "content": pl.String, "bytes": pl.Int64,
               "sha256": pl.String, "source_commit": pl.String, "reason": pl.String}
@@ -47,6 +54,7 @@ class ChunkSpec:
     items: tuple[Any, ...] = ()  # folder: relative paths; parquet: row-group ids; jsonl/hf: (start, end)
     commit: str | None = None
     options: dict[str, Any] = field(default_factory=dict)
+    rejected: tuple[tuple[str, str], ...] = ()  # folder entries refused while walking: (path, reason)
 
 
 def stdlib_root() -> str:
@@ -116,9 +124,13 @@ def plan_chunks(index: int, src: SourceConfig, chunk_files: int) -> list[ChunkSp
     if src.kind == "folder":
         root = str(check_source_root(Path(src.path).expanduser() if src.path else stdlib_root()).resolve())
         commit = git_commit(root)
-        rels = [rel for rel, _ in iter_candidates(Path(root), list(src.include), list(src.exclude),
+        walk = Rejections()
+        rels = [rel for rel, _ in iter_candidates(Path(root), list(src.include), list(src.exclude), on_error=walk,
                                                   skip_dirs=list(src.skip_dirs))]
-        return [ChunkSpec(index, "folder", root, repo, tuple(c), commit) for c in _cut_points(rels, chunk_files)]
+        specs = [ChunkSpec(index, "folder", root, repo, tuple(c), commit) for c in _cut_points(rels, chunk_files)]
+        if walk.entries:
+            specs.append(ChunkSpec(index, "folder", root, repo, (), commit, rejected=tuple(walk.entries)))
+        return specs
     if src.kind in ("parquet", "jsonl"):
         specs = []
         for url in table_files(src):
@@ -207,15 +219,16 @@ def read_chunk(spec: ChunkSpec, max_bytes: int) -> pl.DataFrame:
         table = pf.read_row_groups(list(spec.items)) if spec.items else pf.schema_arrow.empty_table()
         frame = pl.from_arrow(table)
         assert isinstance(frame, pl.DataFrame)
-        return _table_rows(spec, frame, max_bytes, [f"{Path(spec.location).name}#{i}" for i in range(frame.height)],
-                           offset=0)
+        first = sum(pf.metadata.row_group(g).num_rows for g in range(spec.items[0])) if spec.items else 0
+        names = [f"{Path(spec.location).name}#{first + i}" for i in range(frame.height)]
+        return _table_rows(spec, frame, max_bytes, names)
     if spec.kind == "jsonl":
         return _read_jsonl_range(spec, max_bytes)
     start, end = spec.items
     ds = open_hf(spec).select(range(start, end))
     frame = pl.from_arrow(ds.data.table)
     assert isinstance(frame, pl.DataFrame)
-    return _table_rows(spec, frame, max_bytes, [f"row-{i}" for i in range(start, end)], offset=start)
+    return _table_rows(spec, frame, max_bytes, [f"row-{i}" for i in range(start, end)])
 
 
 def _row(spec: ChunkSpec, path: str, content: str | None, n: int, sha: str | None, reason: str | None) -> dict:
@@ -233,6 +246,7 @@ def _read_folder_chunk(spec: ChunkSpec, max_bytes: int) -> pl.DataFrame:
             text, reason = decode_source(raw)
         sha = hashlib.sha256(raw).hexdigest() if raw is not None else None
         rows.append(_row(spec, rel, text, len(raw) if raw is not None else 0, sha, reason))
+    rows += [_row(spec, rel, None, 0, None, reason) for rel, reason in spec.rejected]
     return pl.DataFrame(rows, schema=RAW_SCHEMA)
 
 
@@ -270,7 +284,7 @@ def _read_jsonl_range(spec: ChunkSpec, max_bytes: int) -> pl.DataFrame:
             for c in (opts["path_column"], opts["repo_column"]) if c}
     frame = pl.DataFrame(list(meta.values())) if meta else pl.DataFrame()
     names = [f"{name}@{start}+{i}" for i in range(len(records))]
-    out = _table_rows(spec, frame, max_bytes, names, offset=0,
+    out = _table_rows(spec, frame, max_bytes, names,
                       values=[r.get(content_col) if r else None for r in records])
     if bad:
         idx = [i for i, _ in bad]
@@ -297,7 +311,7 @@ def _text_value(v: Any, max_bytes: int) -> tuple[str | None, int, str | None, st
     return text, len(raw), sha, reason
 
 
-def _table_rows(spec: ChunkSpec, frame: pl.DataFrame, max_bytes: int, fallback_paths: list[str], offset: int,
+def _table_rows(spec: ChunkSpec, frame: pl.DataFrame, max_bytes: int, fallback_paths: list[str],
                 values: list[Any] | None = None) -> pl.DataFrame:
     opts = spec.options
     if values is None:

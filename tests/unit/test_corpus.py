@@ -1,14 +1,13 @@
 import polars as pl
 
-from codemill.data.corpus import assign_split, build_corpus_table, read_split, split_key, write_shards
-from codemill.data.local_source import SourceFile
+from codemill.data.corpus import CORPUS_SCHEMA, ShardWriter, assign_split, read_split, split_key
 
 
-def _file(path, content, repo="r"):
-    import hashlib
-    raw = content.encode()
-    return SourceFile(repo=repo, path=path, language="python", content=content, bytes=len(raw),
-                      sha256=hashlib.sha256(raw).hexdigest())
+def _rows(n, size=10, prefix="p/m"):
+    return pl.DataFrame({"repo": ["r"] * n, "path": [f"{prefix}{i:03d}.py" for i in range(n)],
+                         "language": ["python"] * n, "content": ["x" * size] * n, "bytes": [size] * n,
+                         "sha256": [str(i) for i in range(n)], "source_commit": [None] * n,
+                         "split": ["train"] * n, "redactions": [0] * n}, schema=CORPUS_SCHEMA)
 
 
 def test_split_key_by_top_level_package_or_repo():
@@ -27,26 +26,26 @@ def test_assign_split_is_deterministic_and_near_fraction():
     assert set(assign_split(k, 0.0, "s") for k in keys) == {"train"}
 
 
-def test_files_of_one_package_share_a_split():
-    files = [_file(f"pkg{i % 7}/m{i}.py", f"x = {i}\n") for i in range(70)]
-    table, dups = build_corpus_table(files, split_unit="top_level_package", val_fraction=0.5, salt="s")
-    assert dups == 0
-    per_pkg = table.with_columns(pl.col("path").str.split("/").list.first().alias("pkg")) \
-        .group_by("pkg").agg(pl.col("split").n_unique().alias("n"))
-    assert per_pkg["n"].max() == 1
-
-
-def test_exact_dedup_keeps_first_by_sorted_path():
-    files = [_file("b.py", "same\n"), _file("a.py", "same\n"), _file("c.py", "other\n")]
-    table, dups = build_corpus_table(files, split_unit="repository", val_fraction=0.0, salt="s")
-    assert dups == 1 and table["path"].to_list() == ["a.py", "c.py"]
-
-
-def test_shards_bounded_and_readable(tmp_path):
-    files = [_file(f"p/m{i:03d}.py", f"x = {i}\n") for i in range(25)]
-    table, _ = build_corpus_table(files, split_unit="repository", val_fraction=0.0, salt="s")
-    shards = write_shards(table, tmp_path / "train", "train", max_rows=10)
+def test_shards_bounded_by_rows_and_readable(tmp_path):
+    w = ShardWriter(tmp_path / "train", "train", max_rows=10, max_bytes=10**9)
+    df = _rows(25)
+    w.add(df.slice(0, 7))
+    w.add(df.slice(7))
+    shards = w.close()
     assert [s["rows"] for s in shards] == [10, 10, 5]
-    back = read_split(tmp_path, "train")
-    assert back.equals(table)
+    assert all(len(s["sha256"]) == 64 for s in shards)
+    assert read_split(tmp_path, "train").equals(df)
     assert read_split(tmp_path, "val").height == 0
+
+
+def test_shards_bounded_by_content_bytes(tmp_path):
+    w = ShardWriter(tmp_path / "train", "train", max_rows=1000, max_bytes=250)
+    w.add(_rows(10, size=100))
+    shards = w.close()
+    assert [s["rows"] for s in shards] == [2, 2, 2, 2, 2] and max(s["bytes"] for s in shards) <= 250
+
+
+def test_an_empty_split_still_gets_a_readable_shard(tmp_path):
+    shards = ShardWriter(tmp_path / "val", "val", 10, 100).close()
+    assert shards[0]["rows"] == 0
+    assert pl.read_parquet(tmp_path / shards[0]["file"]).columns == list(CORPUS_SCHEMA)

@@ -1,15 +1,19 @@
 import os
 
+import polars as pl
 import pytest
 
+from codemill.config import DEFAULT_LANGUAGES, SourceConfig
+from codemill.data.filters import detect_language
 from codemill.data.globs import dir_excluded, matches_any
-from codemill.data.local_source import (
-    SourceNotFoundError,
-    decode_source,
-    fingerprint_source,
-    language_of,
-    scan_source,
-)
+from codemill.data.local_source import SourceNotFoundError, decode_source, fingerprint_source
+from codemill.data.sources import plan_chunks, read_chunk
+
+
+def scan(root, include=("**/*.py",), max_bytes=10**6, **kw):
+    cfg = SourceConfig(path=str(root), repo="r", include=list(include), exclude=[], **kw)
+    specs = plan_chunks(0, cfg, chunk_files=4)
+    return pl.concat([read_chunk(s, max_bytes) for s in specs]).sort("path")
 
 
 @pytest.mark.parametrize(("path", "pattern", "expected"), [
@@ -35,12 +39,14 @@ def test_decode_reasons():
 
 
 def test_language_by_extension():
-    assert language_of("a/b.py") == "python" and language_of("x.rs") == "rust" and language_of("x.zz") == "unknown"
+    assert detect_language("a/b.py", DEFAULT_LANGUAGES) == "python"
+    assert detect_language("X.RS", DEFAULT_LANGUAGES) == "rust"
+    assert detect_language("x.zz", DEFAULT_LANGUAGES) == "unknown"
 
 
 def test_missing_root_fails_naming_the_path(tmp_path):
     with pytest.raises(SourceNotFoundError, match=str(tmp_path / "nope")):
-        scan_source(tmp_path / "nope", "r", ["**/*.py"], [], 1000)
+        scan(tmp_path / "nope")
     (tmp_path / "f.py").write_text("x")
     with pytest.raises(SourceNotFoundError, match="not a directory"):
         fingerprint_source(tmp_path / "f.py", ["**/*.py"], [])
@@ -56,12 +62,34 @@ def test_scan_counts_rejections_and_keeps_good_files(tmp_path):
     os.symlink("loop.py", tmp_path / "loop.py")
     os.symlink("missing-target.py", tmp_path / "dangling.py")
     os.symlink(".", tmp_path / "pkg" / "selfdir")
-    res = scan_source(tmp_path, "r", ["**/*.py"], [], max_bytes=200)
-    assert [f.path for f in res.files] == ["pkg/good.py"]
-    assert dict(res.rejected) == {"too_large": 1, "empty": 1, "binary": 1, "invalid_utf8": 1,
-                                  "symlink_loop": 1, "broken_symlink": 1, "symlinked_dir_not_followed": 1}
-    good = res.files[0]
-    assert good.repo == "r" and good.language == "python" and good.bytes == len(good.content.encode())
+    res = scan(tmp_path, max_bytes=200)
+    assert res.filter(pl.col("reason").is_null())["path"].to_list() == ["pkg/good.py"]
+    assert dict(res.filter(pl.col("reason").is_not_null()).select("path", "reason").iter_rows()) == {
+        "big.py": "too_large", "empty.py": "empty", "bin.py": "binary", "latin1.py": "invalid_utf8",
+        "loop.py": "symlink_loop", "dangling.py": "broken_symlink", "pkg/selfdir": "symlinked_dir_not_followed"}
+    good = res.filter(pl.col("reason").is_null()).row(0, named=True)
+    assert good["repo"] == "r" and good["bytes"] == len(good["content"].encode())
+
+
+def test_vendored_build_and_virtualenv_folders_are_skipped(tmp_path):
+    for d in ("src", "node_modules/x", "build", "third_party/lib", "pkg.egg-info", "env", ".git"):
+        (tmp_path / d).mkdir(parents=True)
+        (tmp_path / d / "m.py").write_text("x = 1\n")
+    (tmp_path / "env" / "pyvenv.cfg").write_text("home = /usr\n")
+    assert scan(tmp_path)["path"].to_list() == ["src/m.py"]
+    assert sorted(scan(tmp_path, skip_dirs=[])["path"].to_list()) == [
+        "build/m.py", "env/m.py", "node_modules/x/m.py", "pkg.egg-info/m.py", "src/m.py", "third_party/lib/m.py"]
+
+
+def test_chunks_are_cut_by_path_so_one_new_file_changes_one_chunk(tmp_path):
+    for i in range(200):
+        (tmp_path / f"m{i:03d}.py").write_text(f"x = {i}\n")
+    before = plan_chunks(0, SourceConfig(path=str(tmp_path)), chunk_files=8)
+    (tmp_path / "m100b.py").write_text("y = 1\n")
+    after = plan_chunks(0, SourceConfig(path=str(tmp_path)), chunk_files=8)
+    assert len(before) > 5
+    changed = {c.items for c in after} - {c.items for c in before}
+    assert len(changed) == 1 and "m100b.py" in next(iter(changed))
 
 
 def test_fingerprint_tracks_content_not_mtime(tmp_path):
@@ -94,6 +122,6 @@ def test_git_repository_records_commit_and_skips_vcs_dirs(tmp_path):
     assert git_commit(repo) == head
     assert git_commit(tmp_path) is None
     assert git_commit(repo / "pkg") is None  # inside the work tree, but not its root
-    res = scan_source(repo, "proj", ["**/*"], [], max_bytes=10**6, commit=git_commit(repo))
-    assert [f.path for f in res.files] == ["pkg/mod.py"]  # nothing from .git/, whatever include says
-    assert res.files[0].source_commit == head
+    res = scan(repo, include=["**/*"])
+    assert res["path"].to_list() == ["pkg/mod.py"]  # nothing from .git/, whatever include says
+    assert res["source_commit"].to_list() == [head]
