@@ -118,7 +118,7 @@ class RedactionConfig(StageConfig):
     emails: bool = Field(True)
     ip_addresses: bool = Field(True, description="Public IPv4/IPv6 (private, loopback, documentation ranges "
                                                  "and well-known DNS servers are kept).")
-    keys: bool = Field(True, description="AWS keys, private-key blocks, GitHub/Slack tokens, and high-entropy "
+    secrets: bool = Field(True, description="AWS keys, private-key blocks, GitHub/Slack tokens, and high-entropy "
                                          "strings assigned to secret-looking names.")
     min_entropy: float = Field(3.5, gt=0, description="Bits per character a secret-named value needs.")
     min_secret_length: int = Field(16, ge=8, description="Shortest secret-named value considered.")

@@ -86,6 +86,8 @@ def lsh_components(keys: np.ndarray, valid: np.ndarray) -> np.ndarray:
     """
     n, bands = keys.shape
     idx = np.flatnonzero(valid)
+    if len(idx) < 2:
+        return np.arange(n)
     rows_, cols_ = [], []
     for j in range(bands):
         k = keys[idx, j]

@@ -127,7 +127,7 @@ def redact_text(text: str, cfg: RedactionConfig, candidates: frozenset[str] = fr
                 ) -> tuple[str, Counter[str]]:
     """The text with each finding replaced by ``<TYPE>``, and the count per type."""
     counts: Counter[str] = Counter()
-    if cfg.keys and "KEYS" in candidates:
+    if cfg.secrets and "KEYS" in candidates:
         text = _sub(text, PRIVATE_KEY, "PRIVATE_KEY", counts)
         text = _sub(text, AWS_KEY, "AWS_ACCESS_KEY_ID", counts)
         text = _sub(text, GITHUB_TOKEN, "GITHUB_TOKEN", counts)

@@ -32,7 +32,9 @@ def test_ingest_killed_after_half_the_shards(small_corpus, tmp_path, monkeypatch
         pipeline(config=cfg)
     assert len(written) == 2
     store_root = Path(cfg.store_root)
-    assert not list(store_root.rglob("manifest.json")), "a manifest was written for a failed stage"
+    assert not list((store_root / "ingest").rglob("manifest.json")), "a manifest was written for a failed stage"
+    # processed chunks are complete units of work, committed one by one: the retry reuses them
+    assert list((store_root / "ingest-chunks").glob("*/manifest.json"))
     assert not any(p.exists() for p in written), "half-written shards were left in the store"
     assert not list(store_root.glob("*/.staging-*"))
 
@@ -42,4 +44,5 @@ def test_ingest_killed_after_half_the_shards(small_corpus, tmp_path, monkeypatch
     assert [st["status"] for st in out["stages"].values()] == ["ran"] * 7
     corpus = ArtifactRef.model_validate(out["stages"]["ingest"]["ref"])
     stats = store.read_manifest(corpus).stats
+    assert stats["chunks"]["reused"] == stats["chunks"]["total"] > 0
     assert sum(s["rows"] for s in stats["shards"]["train"] + stats["shards"]["val"]) == stats["files_kept"]

@@ -71,6 +71,12 @@ def test_minhash_estimates_jaccard_and_lsh_finds_near_duplicates():
     assert rep.tolist() == [1, 1, 2, 3]  # the smaller rank of the pair is kept
 
 
+def test_lsh_with_fewer_than_two_shingled_documents():
+    keys = np.zeros((3, 4), dtype=np.uint64)
+    assert lsh_components(keys, np.array([False, True, False])).tolist() == [0, 1, 2]
+    assert lsh_components(keys[:0], np.array([], dtype=bool)).tolist() == []
+
+
 def test_band_parameters_match_datasketch_optimal_param():
     assert optimal_bands(0.7, 256) == (25, 10)  # datasketch.lsh._optimal_param(0.7, 256, 0.5, 0.5)
     assert optimal_bands(0.85, 256) == (13, 19)
