@@ -84,6 +84,7 @@ def table_files(src: SourceConfig) -> list[str]:
     label = source_label(src)
     try:
         fs, path = _fs(str(src.path), src.storage_options)
+        fs.invalidate_cache()  # fsspec instances are shared and cache listings; a re-ingest must see changes
         if any(c in path for c in "*?["):
             found = sorted(fs.glob(path))
         elif fs.isdir(path):

@@ -52,3 +52,32 @@ def make_small_corpus(root: Path) -> Path:
 @pytest.fixture(scope="session")
 def small_corpus(tmp_path_factory) -> Path:
     return make_small_corpus(tmp_path_factory.mktemp("corpus") / "pystd-small")
+
+
+def start_moto_server(extra_env: dict[str, str] | None = None):
+    """A real ``moto.server`` subprocess on a free port (S3 over HTTP, as s3fs talks to AWS)."""
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-p", str(port)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env={**os.environ, **(extra_env or {})})
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                break
+        time.sleep(0.2)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint():
+    proc, url = start_moto_server()
+    yield url
+    proc.terminate()
+    proc.wait(timeout=10)

@@ -2,36 +2,12 @@
 
 from __future__ import annotations
 
-import socket
-import subprocess
-import sys
-import time
-
 import pytest
 
 from codemill.store import ArtifactRef, ArtifactStore
 from tests.integration.helpers import small_pipeline_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_harness")]
-
-
-@pytest.fixture(scope="module")
-def s3_endpoint():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-p", str(port)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                break
-        time.sleep(0.2)
-    yield url
-    proc.terminate()
-    proc.wait(timeout=10)
 
 
 def test_pipeline_on_an_s3_store(small_corpus, tmp_path, s3_endpoint, monkeypatch):
