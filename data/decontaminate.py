@@ -19,7 +19,7 @@ import numpy as np
 import polars as pl
 
 from codemill.config import DecontaminationConfig, EvalSetConfig
-from codemill.data.shingles import ngram_hashes
+from codemill.data.shingles import NgramHashes, ngram_hashes
 
 MIN_NGRAMS = 3
 
@@ -99,7 +99,11 @@ def build_index(evals: EvalTexts, n: int) -> NgramIndex:
 
 def contamination(content: pl.Series, index: NgramIndex, n: int) -> tuple[np.ndarray, list[str | None]]:
     """Per document: the highest overlap with any eval text, and that text's label (None when 0)."""
-    ng = ngram_hashes(content, n)
+    return contamination_of(ngram_hashes(content, n), index)
+
+
+def contamination_of(ng: NgramHashes, index: NgramIndex) -> tuple[np.ndarray, list[str | None]]:
+    """``contamination`` over n-grams already computed (the ingest shares one tokenisation)."""
     best = np.zeros(ng.n_docs)
     label: list[str | None] = [None] * ng.n_docs
     if len(index.hashes) == 0 or len(ng.hashes) == 0:

@@ -24,12 +24,12 @@ import polars as pl
 
 from codemill.config import IngestConfig
 from codemill.data.corpus import CORPUS_SCHEMA, ShardWriter, assign_split, split_key
-from codemill.data.decontaminate import NgramIndex, build_index, contamination, load_eval_texts
+from codemill.data.decontaminate import NgramIndex, build_index, contamination_of, load_eval_texts
 from codemill.data.dedup import normalized_hash, resolve_duplicates
 from codemill.data.filters import apply_filters, language_expr
 from codemill.data.minhash import band_keys, optimal_bands, signatures
 from codemill.data.redact import PLACEHOLDERS, redact_column
-from codemill.data.shingles import ngram_hashes
+from codemill.data.shingles import ngrams_from_tokens, token_hashes
 from codemill.data.sources import ChunkSpec, plan_chunks, read_chunk, source_fingerprint
 from codemill.data.sources import stdlib_root as stdlib_root  # re-exported
 from codemill.hashing import digest_of
@@ -113,7 +113,8 @@ def chunk_key(raw: pl.DataFrame, proc: Processing) -> str:
 
 
 def process_chunk(raw: pl.DataFrame, proc: Processing) -> pl.DataFrame:
-    """Per-file steps over one chunk: language, filters, decontamination, redaction, hashes, MinHash bands."""
+    """Per-file steps over one chunk: language, filters, decontamination and MinHash bands (one shared
+    tokenisation), redaction, the exact-dedup hash."""
     cfg = proc.cfg
     df = raw.with_columns(language_expr(pl.col("path"), cfg.languages).alias("language"))
     if cfg.allow_languages:
@@ -123,37 +124,41 @@ def process_chunk(raw: pl.DataFrame, proc: Processing) -> pl.DataFrame:
     done = df.filter(pl.col("reason").is_not_null()).with_columns(pl.lit(None, pl.String).alias("content"))
     if live.height:
         live = apply_filters(live, cfg.filters).select(*df.columns)
+    ok = live["reason"].is_null().to_numpy() if live.height else np.zeros(0, bool)
+    flat, lengths = token_hashes(live["content"].filter(pl.Series(ok)))  # one tokenisation for both steps
     overlap = np.zeros(live.height)
     matched: list[str | None] = [None] * live.height
-    if proc.index is not None and live.height:
-        ok = live["reason"].is_null().to_numpy()
-        o, lab = contamination(live["content"].filter(ok), proc.index, cfg.decontamination.ngram)
+    if proc.index is not None and ok.any():
+        o, lab = contamination_of(ngrams_from_tokens(flat, lengths, cfg.decontamination.ngram), proc.index)
         overlap[ok] = o
         it = iter(lab)
         matched = [next(it) if k else None for k in ok]
-    live = live.with_columns(pl.Series("contamination", overlap), pl.Series("contaminated_by", matched,
-                                                                            dtype=pl.String))
+    ng = ngrams_from_tokens(flat, lengths, cfg.near_dedup.ngram)
+    keys = np.zeros((live.height, proc.bands), dtype=np.uint64)
+    keys[ok] = band_keys(signatures(ng, cfg.near_dedup.num_perm, cfg.near_dedup.seed), proc.bands, proc.rows)
+    valid = np.zeros(live.height, bool)
+    valid[ok] = lengths >= cfg.near_dedup.ngram
+    live = live.with_columns(pl.Series("contamination", overlap),
+                             pl.Series("contaminated_by", matched, dtype=pl.String),
+                             pl.Series("bands", keys, dtype=pl.Array(pl.UInt64, proc.bands)),
+                             pl.Series("lsh_valid", valid))
     live = live.with_columns(pl.when(pl.col("reason").is_null() & (pl.col("contamination")
                                                                    >= cfg.decontamination.threshold))
                              .then(pl.lit("contaminated")).otherwise(pl.col("reason")).alias("reason"))
     kept = live.filter(pl.col("reason").is_null())
-    dropped = live.filter(pl.col("reason").is_not_null()).with_columns(pl.lit(None, pl.String).alias("content"))
+    dropped = live.filter(pl.col("reason").is_not_null()).with_columns(
+        pl.lit(None, pl.String).alias("content")).drop("bands", "lsh_valid")
     kept = _redact_and_hash(kept, proc)
     out = pl.concat([done, dropped, kept], how="diagonal_relaxed")
     return out.sort("row")
 
 
 def _redact_and_hash(kept: pl.DataFrame, proc: Processing) -> pl.DataFrame:
-    cfg = proc.cfg
-    content, per_row = redact_column(kept["content"], cfg.redaction)
+    """Redaction, then the exact-dedup hash of what will be written. (MinHash bands are computed on the
+    text before redaction: a placeholder changes a few shingles at most.)"""
+    content, per_row = redact_column(kept["content"], proc.cfg.redaction)
     counts = {f"redact_{p}": pl.Series([r.get(p, 0) for r in per_row], dtype=pl.Int32) for p in PLACEHOLDERS}
-    kept = kept.with_columns(content.alias("content"), **counts)
-    ng = ngram_hashes(kept["content"], cfg.near_dedup.ngram)
-    sig = signatures(ng, cfg.near_dedup.num_perm, cfg.near_dedup.seed)
-    keys = band_keys(sig, proc.bands, proc.rows)
-    return kept.with_columns(normalized_hash(kept["content"]),
-                             pl.Series("bands", keys, dtype=pl.Array(pl.UInt64, proc.bands)),
-                             pl.Series("lsh_valid", ng.tokens_per_doc >= cfg.near_dedup.ngram))
+    return kept.with_columns(content.alias("content"), normalized_hash(content), **counts)
 
 
 def work_chunk(spec: ChunkSpec, proc: Processing, cache: ChunkCache) -> ChunkResult:

@@ -42,19 +42,20 @@ PRIVATE_KEY = re.compile(r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----
 GITHUB_TOKEN = re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{36,255}|github_pat_[A-Za-z0-9_]{22,255})\b")
 SLACK_TOKEN = re.compile(r"\bxox[abposr]-(?:[A-Za-z0-9]{1,40}-){1,5}[A-Za-z0-9]{1,64}\b")
 SLACK_WEBHOOK = re.compile(r"https://hooks\.slack\.com/services/T[A-Za-z0-9_]+/B[A-Za-z0-9_]+/[A-Za-z0-9_]+")
+_SECRET_NAMES = (r"(?:passw(?:or)?d|passwd|secret|token|api[_-]?key|apikey|access[_-]?key|private[_-]?key"
+                 r"|auth[_-]?key|client[_-]?secret|credentials?)(?:[_-]?(?:key|value|str|string|id))?")
 SECRET_ASSIGN = re.compile(
-    r"""(?i)\b[\w.-]*?(?:passw(?:or)?d|passwd|secret|token|api[_-]?key|apikey|access[_-]?key|private[_-]?key"""
-    r"""|auth[_-]?key|client[_-]?secret|credentials?)(?:[_-]?(?:key|value|str|string|id))?['"]?\s*"""
-    r"""(?::=|=>|=(?!=)|:)\s*[rbuf]?(['"])(?P<value>[^'"\s]{8,256})\1""")
+    r"(?i)" + _SECRET_NAMES + r"""['"]?\s*(?::=|=>|=(?!=)|:)\s*[rbuf]?(['"])(?P<value>[^'"\s]{8,256})\1""")
 ADDRESS_CONTEXT = re.compile(r"(?i)(?<![a-z])(?:ip|ips|ipv4|ipv6|host|hosts|hostname|addr|address|server|dns|"
                              r"nameserver|connect|url|uri|https?|proxy|bind|socket|inet|endpoint|remote|gateway|peer)(?![a-z])")
 
 # Cheap, over-inclusive prefilters run by Polars (Rust regex) over the whole batch.
 PREFILTERS = {
-    "EMAIL": r"@[A-Za-z0-9-]+\.",
+    "EMAIL": r"[A-Za-z0-9][A-Za-z0-9._%+-]{0,63}@(?:[A-Za-z0-9-]{1,63}\.)+[A-Za-z]{2,24}",
     "IP_ADDRESS": r"\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3}|[0-9A-Fa-f]{1,4}::?[0-9A-Fa-f]{1,4}:",
-    "KEYS": r"(?i)AKIA|ASIA|AGPA|AIDA|AROA|ANPA|ANVA|AIPA|PRIVATE KEY|gh[pousr]_|github_pat_|xox[abposr]-"
-            r"|hooks\.slack\.com|passw|secret|token|api.?key|access.?key|auth.?key|credential",
+    "TOKENS": r"(?:AKIA|ASIA|AGPA|AIDA|AROA|ANPA|ANVA|AIPA)[A-Z0-9]{16}|PRIVATE KEY(?: BLOCK)?-----"
+              r"|gh[pousr]_[A-Za-z0-9]{36}|github_pat_|xox[abposr]-|hooks\.slack\.com/services/",
+    "SECRET": r"(?i)" + _SECRET_NAMES + r"""['"]?\s*(?::=|=>|=|:)\s*[rbuf]?['"][^'"\s]{8,256}['"]""",
 }
 KEEP_EMAIL_DOMAINS = ("example.com", "example.org", "example.net")
 KEEP_EMAIL_TLDS = (".invalid", ".test", ".local", ".localhost", ".example")
@@ -127,12 +128,13 @@ def redact_text(text: str, cfg: RedactionConfig, candidates: frozenset[str] = fr
                 ) -> tuple[str, Counter[str]]:
     """The text with each finding replaced by ``<TYPE>``, and the count per type."""
     counts: Counter[str] = Counter()
-    if cfg.secrets and "KEYS" in candidates:
+    if cfg.secrets and "TOKENS" in candidates:
         text = _sub(text, PRIVATE_KEY, "PRIVATE_KEY", counts)
         text = _sub(text, AWS_KEY, "AWS_ACCESS_KEY_ID", counts)
         text = _sub(text, GITHUB_TOKEN, "GITHUB_TOKEN", counts)
         text = _sub(text, SLACK_WEBHOOK, "SLACK_WEBHOOK", counts)
         text = _sub(text, SLACK_TOKEN, "SLACK_TOKEN", counts)
+    if cfg.secrets and "SECRET" in candidates:
 
         def secret(m: re.Match[str]) -> str:
             value = m.group("value")

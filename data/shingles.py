@@ -37,18 +37,20 @@ def token_hashes(texts: pl.Series) -> tuple[np.ndarray, np.ndarray]:
 
 def ngram_hashes(texts: pl.Series, n: int) -> NgramHashes:
     """Hashes of every run of n consecutive tokens, per document. Documents with < n tokens get none."""
-    flat, lengths = token_hashes(texts)
+    return ngrams_from_tokens(*token_hashes(texts), n)
+
+
+def ngrams_from_tokens(flat: np.ndarray, lengths: np.ndarray, n: int) -> NgramHashes:
+    """Rolling combination over the flat token array (contiguous slices), then windows that cross a
+    document boundary are masked out."""
     n_docs = len(lengths)
-    counts = np.maximum(lengths - (n - 1), 0)
-    total = int(counts.sum())
-    if total == 0:
+    total = len(flat) - (n - 1)
+    if total <= 0:
         return NgramHashes(np.empty(0, np.uint64), np.empty(0, np.int64), n_docs, lengths)
-    doc_start = np.concatenate(([0], np.cumsum(lengths)[:-1]))
-    doc = np.repeat(np.arange(n_docs, dtype=np.int64), counts)
-    out_start = np.concatenate(([0], np.cumsum(counts)[:-1]))
-    starts = doc_start[doc] + (np.arange(total, dtype=np.int64) - out_start[doc])
-    with np.errstate(over="ignore"):
-        h = flat[starts].copy()
-        for k in range(1, n):
-            h = h * _MIX + flat[starts + k]
-    return NgramHashes(h, doc, n_docs, lengths)
+    tok_doc = np.repeat(np.arange(n_docs, dtype=np.int64), lengths)
+    h = flat[:total].copy()
+    for k in range(1, n):
+        h *= _MIX
+        h += flat[k:k + total]
+    inside = tok_doc[:total] == tok_doc[n - 1:n - 1 + total]
+    return NgramHashes(h[inside], tok_doc[:total][inside], n_docs, lengths)

@@ -1,0 +1,250 @@
+"""Ingest throughput per step, near-dedup against datasketch, the stage against read-and-hash, peak memory.
+
+The corpus is one that exists on any machine: this Python's standard library including its site-packages
+(every ``*.py`` file). In the same run the benchmark measures:
+
+1. each per-file step over the corpus, chunk by chunk, as the stage runs it (MB/s and files/s);
+2. near-dedup: codemill's vectorised MinHash + LSH against ``datasketch`` MinHash + MinHashLSH with the same
+   parameters (5-gram token shingles, 256 permutations, Jaccard 0.7) on the same files, and the precision
+   and recall of both against exact Jaccard on a sample of candidate pairs;
+3. the whole stage (``run_ingest``, fresh chunk cache) against a plain-Python baseline that walks, reads and
+   SHA-256-hashes the same files;
+4. the stage's peak RSS on the corpus and on 4 copies of it (four sources), each in a fresh process.
+
+    pip install datasketch && python -m benchmarks.ingest [--dedup-files 4000] [--skip-scale]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import random
+import re
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from codemill.config import IngestConfig, SourceConfig
+from codemill.data.decontaminate import contamination
+from codemill.data.dedup import normalized_hash, resolve_duplicates
+from codemill.data.filters import apply_filters, language_expr
+from codemill.data.ingest import prepare
+from codemill.data.minhash import band_keys, signatures
+from codemill.data.redact import redact_column
+from codemill.data.shingles import ngram_hashes
+from codemill.data.sources import plan_chunks, read_chunk, stdlib_root
+
+TOKEN_RE = re.compile(r"[A-Za-z0-9_]+")
+
+
+def corpus_source(repo: str | None = None) -> SourceConfig:
+    return SourceConfig(path=stdlib_root(), repo=repo, include=["**/*.py"], exclude=[], skip_dirs=["__pycache__"])
+
+
+def corpus_config(copies: int = 1) -> IngestConfig:
+    return IngestConfig(sources=[corpus_source(f"copy{i}") for i in range(copies)])
+
+
+def per_step(cfg: IngestConfig) -> tuple[dict[str, float], int, int, list[str]]:
+    """Seconds per step over every chunk; total bytes and files; the texts that passed (for the dedup test)."""
+    proc = prepare(cfg)
+    t: dict[str, float] = dict.fromkeys(["read", "language+filters", "decontamination", "redaction",
+                                         "exact hash", "minhash+lsh bands", "corpus-wide dedup"], 0.0)
+    n_bytes = n_files = 0
+    kept_texts: list[str] = []
+    cands = []
+    rank = 0
+    for spec in [s for i, src in enumerate(cfg.sources) for s in plan_chunks(i, src, cfg.chunk_files)]:
+        t0 = time.perf_counter()
+        raw = read_chunk(spec, cfg.max_file_bytes)
+        t1 = time.perf_counter()
+        n_bytes += int(raw["bytes"].sum())
+        n_files += raw.height
+        live = raw.filter(pl.col("reason").is_null()).with_columns(language_expr(pl.col("path"), cfg.languages)
+                                                                   .alias("language"))
+        live = apply_filters(live, cfg.filters).filter(pl.col("reason").is_null())
+        t2 = time.perf_counter()
+        frac, _ = contamination(live["content"], proc.index, cfg.decontamination.ngram)
+        live = live.filter(pl.Series(frac < cfg.decontamination.threshold))
+        t3 = time.perf_counter()
+        content, _ = redact_column(live["content"], cfg.redaction)
+        t4 = time.perf_counter()
+        nh = normalized_hash(content)
+        t5 = time.perf_counter()
+        ng = ngram_hashes(content, cfg.near_dedup.ngram)
+        keys = band_keys(signatures(ng, cfg.near_dedup.num_perm, cfg.near_dedup.seed), proc.bands, proc.rows)
+        t6 = time.perf_counter()
+        cands.append(pl.DataFrame({"rank": np.arange(rank, rank + len(content)), "norm_hash": nh,
+                                   "bands": pl.Series(keys, dtype=pl.Array(pl.UInt64, proc.bands)),
+                                   "lsh_valid": ng.tokens_per_doc >= cfg.near_dedup.ngram}))
+        rank += len(content)
+        kept_texts += content.to_list()
+        for k, dt in zip(list(t)[:6], (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4, t6 - t5), strict=True):
+            t[k] += dt
+    t0 = time.perf_counter()
+    resolve_duplicates(pl.concat(cands), near=True)
+    t["corpus-wide dedup"] = time.perf_counter() - t0
+    return t, n_bytes, n_files, kept_texts
+
+
+def shingle_set(text: str, n: int = 5) -> set[str]:
+    toks = TOKEN_RE.findall(text)
+    return {" ".join(toks[i:i + n]) for i in range(len(toks) - n + 1)}
+
+
+def codemill_pairs(texts: list[str], cfg: IngestConfig) -> tuple[set[tuple[int, int]], float]:
+    proc = prepare(cfg)
+    t0 = time.perf_counter()
+    ng = ngram_hashes(pl.Series(texts, dtype=pl.String), 5)
+    keys = band_keys(signatures(ng, 256, cfg.near_dedup.seed), proc.bands, proc.rows)
+    valid = np.flatnonzero(ng.tokens_per_doc >= 5)
+    pairs: set[tuple[int, int]] = set()
+    for j in range(proc.bands):
+        col = keys[valid, j]
+        order = np.argsort(col, kind="stable")
+        ks = col[order]
+        bounds = np.flatnonzero(np.r_[True, ks[1:] != ks[:-1], True])
+        for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+            if b - a > 1:
+                members = sorted(valid[order[a:b]].tolist())
+                pairs.update((x, y) for i, x in enumerate(members) for y in members[i + 1:])
+    return pairs, time.perf_counter() - t0
+
+
+def datasketch_pairs(texts: list[str]) -> tuple[set[tuple[int, int]], float]:
+    from datasketch import MinHash, MinHashLSH
+
+    t0 = time.perf_counter()
+    lsh = MinHashLSH(threshold=0.7, num_perm=256)
+    sigs = {}
+    for i, text in enumerate(texts):
+        sh = shingle_set(text)
+        if not sh:
+            continue
+        m = MinHash(num_perm=256, seed=1)
+        m.update_batch([s.encode() for s in sh])
+        lsh.insert(i, m)
+        sigs[i] = m
+    pairs = {(min(i, j), max(i, j)) for i, m in sigs.items() for j in lsh.query(m) if j != i}
+    return pairs, time.perf_counter() - t0
+
+
+def agreement(texts: list[str], a: set, b: set, threshold: float, sample: int) -> dict[str, float]:
+    pool = sorted(a | b)
+    random.Random(0).shuffle(pool)
+    pool = pool[:sample]
+    sets: dict[int, set[str]] = {}
+
+    def s(i: int) -> set[str]:
+        if i not in sets:
+            sets[i] = shingle_set(texts[i])
+        return sets[i]
+
+    true = {p for p in pool if len(s(p[0]) & s(p[1])) / max(1, len(s(p[0]) | s(p[1]))) >= threshold}
+    out = {"pairs_checked": len(pool), "true_pairs": len(true)}
+    for name, found in (("codemill", a), ("datasketch", b)):
+        mine = [p for p in pool if p in found]
+        out[f"{name}_precision"] = sum(p in true for p in mine) / max(1, len(mine))
+        out[f"{name}_recall"] = sum(p in found for p in true) / max(1, len(true))
+    return out
+
+
+def read_and_hash(cfg: IngestConfig) -> tuple[float, int]:
+    root = Path(stdlib_root())
+    t0 = time.perf_counter()
+    n = 0
+    for _ in cfg.sources:
+        for dirpath, dirnames, filenames in os.walk(root):
+            dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+            for name in sorted(filenames):
+                if name.endswith(".py"):
+                    p = os.path.join(dirpath, name)
+                    try:
+                        with open(p, "rb") as fh:
+                            data = fh.read()
+                    except OSError:
+                        continue
+                    hashlib.sha256(data).hexdigest()
+                    n += len(data)
+    return time.perf_counter() - t0, n
+
+
+CHILD = """
+import json, resource, sys, tempfile, time
+from pathlib import Path
+from benchmarks.ingest import corpus_config
+from codemill.data.ingest import run_ingest
+cfg = corpus_config(int(sys.argv[1]))
+with tempfile.TemporaryDirectory() as tmp:
+    t0 = time.perf_counter()
+    st = run_ingest(cfg, Path(tmp) / "out")
+    dt = time.perf_counter() - t0
+print(json.dumps({"seconds": dt, "files": st["files_seen"], "kept": st["files_kept"],
+                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "stats": st}))
+"""
+
+
+def stage_in_child(copies: int) -> dict:
+    out = subprocess.run([sys.executable, "-c", CHILD, str(copies)], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[1])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--dedup-files", type=int, default=4000, help="files in the datasketch comparison")
+    ap.add_argument("--pairs-sample", type=int, default=3000)
+    ap.add_argument("--skip-scale", action="store_true", help="skip the 4x-corpus memory run")
+    args = ap.parse_args()
+    cfg = corpus_config()
+
+    steps, n_bytes, n_files, texts = per_step(cfg)
+    mb = n_bytes / 1e6
+    print(f"corpus: {n_files} files, {mb:.1f} MB ({stdlib_root()}, every *.py incl. site-packages)\n")
+    print(f"{'step':<22}{'seconds':>9}{'MB/s':>9}{'files/s':>10}")
+    for k, dt in steps.items():
+        print(f"{k:<22}{dt:>9.2f}{mb / dt:>9.1f}{n_files / dt:>10.0f}")
+    tot = sum(steps.values())
+    print(f"{'sum of steps':<22}{tot:>9.2f}{mb / tot:>9.1f}{n_files / tot:>10.0f}\n")
+
+    uniq = list(dict.fromkeys(t for t in texts if t))  # exact duplicates are gone before near-dedup
+    sample = uniq[:args.dedup_files]
+    smb = sum(len(t.encode()) for t in sample) / 1e6
+    ours, t_ours = codemill_pairs(sample, cfg)
+    theirs, t_theirs = datasketch_pairs(sample)
+    agree = agreement(sample, ours, theirs, 0.7, args.pairs_sample)
+    print(f"near-dedup on {len(sample)} files ({smb:.1f} MB), 5-gram shingles, 256 permutations, threshold 0.7")
+    print(f"  codemill   {t_ours:7.2f} s  {smb / t_ours:6.2f} MB/s  {len(ours)} candidate pairs")
+    print(f"  datasketch {t_theirs:7.2f} s  {smb / t_theirs:6.2f} MB/s  {len(theirs)} candidate pairs")
+    print(f"  codemill / datasketch throughput: {t_theirs / t_ours:.1f}x")
+    print(f"  exact Jaccard on {agree['pairs_checked']} sampled candidate pairs ({agree['true_pairs']} >= 0.7):")
+    for name in ("codemill", "datasketch"):
+        print(f"    {name:<11} precision {agree[f'{name}_precision']:.3f}  recall {agree[f'{name}_recall']:.3f}")
+    print()
+
+    t_base, base_bytes = read_and_hash(cfg)
+    one = stage_in_child(1)
+    print(f"read-and-hash baseline: {t_base:.2f} s ({base_bytes / 1e6 / t_base:.1f} MB/s)")
+    print(f"whole stage (run_ingest, fresh cache): {one['seconds']:.2f} s ({mb / one['seconds']:.1f} MB/s, "
+          f"{one['files'] / one['seconds']:.0f} files/s); stage / baseline = {one['seconds'] / t_base:.1f}x")
+    st = one["stats"]
+    print(f"  kept {st['files_kept']} of {st['files_seen']}; by reason {st['rejected_by_reason']}")
+    print(f"  redactions {st['redactions']} in {st['redacted_files']} files; "
+          f"decontaminated {len(st['decontamination']['dropped'])}")
+    print(f"peak RSS 1x: {one['peak_rss_mb']:.0f} MB ({one['files']} files)")
+    if not args.skip_scale:
+        four = stage_in_child(4)
+        print(f"peak RSS 4x: {four['peak_rss_mb']:.0f} MB ({four['files']} files, {four['seconds']:.1f} s); "
+              f"4x / 1x = {four['peak_rss_mb'] / one['peak_rss_mb']:.2f}")
+    print(f"(this process: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB peak)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
