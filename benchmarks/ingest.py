@@ -32,13 +32,13 @@ import numpy as np
 import polars as pl
 
 from codemill.config import IngestConfig, SourceConfig
-from codemill.data.decontaminate import contamination
+from codemill.data.decontaminate import contamination_of
 from codemill.data.dedup import normalized_hash, resolve_duplicates
 from codemill.data.filters import apply_filters, language_expr
 from codemill.data.ingest import prepare
 from codemill.data.minhash import band_keys, signatures
 from codemill.data.redact import redact_column
-from codemill.data.shingles import ngram_hashes
+from codemill.data.shingles import ngram_hashes, ngrams_from_tokens, token_hashes
 from codemill.data.sources import plan_chunks, read_chunk, stdlib_root
 
 TOKEN_RE = re.compile(r"[A-Za-z0-9_]+")
@@ -55,8 +55,8 @@ def corpus_config(copies: int = 1) -> IngestConfig:
 def per_step(cfg: IngestConfig) -> tuple[dict[str, float], int, int, list[str]]:
     """Seconds per step over every chunk; total bytes and files; the texts that passed (for the dedup test)."""
     proc = prepare(cfg)
-    t: dict[str, float] = dict.fromkeys(["read", "language+filters", "decontamination", "redaction",
-                                         "exact hash", "minhash+lsh bands", "corpus-wide dedup"], 0.0)
+    t: dict[str, float] = dict.fromkeys(["read", "language+filters", "tokenize", "decontamination",
+                                         "minhash+lsh bands", "redaction", "exact hash", "corpus-wide dedup"], 0.0)
     n_bytes = n_files = 0
     kept_texts: list[str] = []
     cands = []
@@ -71,22 +71,25 @@ def per_step(cfg: IngestConfig) -> tuple[dict[str, float], int, int, list[str]]:
                                                                    .alias("language"))
         live = apply_filters(live, cfg.filters).filter(pl.col("reason").is_null())
         t2 = time.perf_counter()
-        frac, _ = contamination(live["content"], proc.index, cfg.decontamination.ngram)
-        live = live.filter(pl.Series(frac < cfg.decontamination.threshold))
+        flat, lengths = token_hashes(live["content"])
         t3 = time.perf_counter()
-        content, _ = redact_column(live["content"], cfg.redaction)
+        frac, _ = contamination_of(ngrams_from_tokens(flat, lengths, cfg.decontamination.ngram), proc.index)
         t4 = time.perf_counter()
-        nh = normalized_hash(content)
-        t5 = time.perf_counter()
-        ng = ngram_hashes(content, cfg.near_dedup.ngram)
+        ng = ngrams_from_tokens(flat, lengths, cfg.near_dedup.ngram)
         keys = band_keys(signatures(ng, cfg.near_dedup.num_perm, cfg.near_dedup.seed), proc.bands, proc.rows)
+        keep = frac < cfg.decontamination.threshold
+        keys, valid = keys[keep], (lengths >= cfg.near_dedup.ngram)[keep]
+        t5 = time.perf_counter()
+        content, _ = redact_column(live["content"].filter(pl.Series(keep)), cfg.redaction)
         t6 = time.perf_counter()
+        nh = normalized_hash(content)
+        t7 = time.perf_counter()
         cands.append(pl.DataFrame({"rank": np.arange(rank, rank + len(content)), "norm_hash": nh,
                                    "bands": pl.Series(keys, dtype=pl.Array(pl.UInt64, proc.bands)),
-                                   "lsh_valid": ng.tokens_per_doc >= cfg.near_dedup.ngram}))
+                                   "lsh_valid": valid}))
         rank += len(content)
         kept_texts += content.to_list()
-        for k, dt in zip(list(t)[:6], (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4, t6 - t5), strict=True):
+        for k, dt in zip(list(t)[:7], (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4, t6 - t5, t7 - t6), strict=True):
             t[k] += dt
     t0 = time.perf_counter()
     resolve_duplicates(pl.concat(cands), near=True)
@@ -111,10 +114,10 @@ def codemill_pairs(texts: list[str], cfg: IngestConfig) -> tuple[set[tuple[int, 
         order = np.argsort(col, kind="stable")
         ks = col[order]
         bounds = np.flatnonzero(np.r_[True, ks[1:] != ks[:-1], True])
-        for a, b in zip(bounds[:-1], bounds[1:], strict=True):
-            if b - a > 1:
-                members = sorted(valid[order[a:b]].tolist())
-                pairs.update((x, y) for i, x in enumerate(members) for y in members[i + 1:])
+        multi = np.flatnonzero(np.diff(bounds) > 1)  # only buckets with more than one file
+        for a, b in zip(bounds[multi], bounds[multi + 1], strict=True):
+            members = sorted(valid[order[a:b]].tolist())
+            pairs.update((x, y) for i, x in enumerate(members) for y in members[i + 1:])
     return pairs, time.perf_counter() - t0
 
 
@@ -176,8 +179,9 @@ def read_and_hash(cfg: IngestConfig) -> tuple[float, int]:
     return time.perf_counter() - t0, n
 
 
+# Peak memory is VmHWM of the child's own address space: ru_maxrss would carry the parent's over exec.
 CHILD = """
-import json, resource, sys, tempfile, time
+import json, sys, tempfile, time
 from pathlib import Path
 from benchmarks.ingest import corpus_config
 from codemill.data.ingest import run_ingest
@@ -186,8 +190,9 @@ with tempfile.TemporaryDirectory() as tmp:
     t0 = time.perf_counter()
     st = run_ingest(cfg, Path(tmp) / "out")
     dt = time.perf_counter() - t0
+hwm = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM"))
 print(json.dumps({"seconds": dt, "files": st["files_seen"], "kept": st["files_kept"],
-                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "stats": st}))
+                  "peak_rss_mb": hwm / 1024, "stats": st}))
 """
 
 

@@ -22,10 +22,11 @@ _BLOCK = 8192  # shingles per block: num_perm x block x 8 bytes = 16 MB at 256 p
 _MIX = np.uint64(0xBF58476D1CE4E5B9)
 
 
-def permutations(num_perm: int, seed: int) -> np.ndarray:
-    """Odd 64-bit multipliers: h_j(x) = high 32 bits of (a_j * x mod 2^64), Dietzfelbinger's multiply-shift."""
+def permutations(num_perm: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """h_j(x) = high 32 bits of (a_j * x + b_j mod 2^64), a_j odd: multiply-add-shift hashing."""
     rng = np.random.Generator(np.random.PCG64(seed))
-    return rng.integers(1, 2**63, size=num_perm, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
+    a = rng.integers(1, 2**63, size=num_perm, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
+    return a, rng.integers(0, 2**63, size=num_perm, dtype=np.uint64) * np.uint64(2)
 
 
 def signatures(ngrams: NgramHashes, num_perm: int, seed: int) -> np.ndarray:
@@ -34,19 +35,20 @@ def signatures(ngrams: NgramHashes, num_perm: int, seed: int) -> np.ndarray:
     Permutation-major blocks of ``_BLOCK`` shingles keep the working set in cache. Taking the high 32 bits
     is monotone, so it is applied after the minimum: once per document, not once per shingle.
     """
-    sig = _min_products(ngrams.hashes, ngrams.doc, permutations(num_perm, seed), ngrams.n_docs)
+    sig = _min_products(ngrams.hashes, ngrams.doc, *permutations(num_perm, seed), ngrams.n_docs)
     out = (sig >> np.uint64(32)).astype(np.uint32)
     out[:, np.bincount(ngrams.doc, minlength=ngrams.n_docs) == 0] = NO_SIGNATURE
     return np.ascontiguousarray(out.T)
 
 
-def _min_products(h: np.ndarray, doc: np.ndarray, a: np.ndarray, n_docs: int) -> np.ndarray:
+def _min_products(h: np.ndarray, doc: np.ndarray, a: np.ndarray, b: np.ndarray, n_docs: int) -> np.ndarray:
     sig = np.full((len(a), n_docs), np.iinfo(np.uint64).max, dtype=np.uint64)
     buf = np.empty((len(a), _BLOCK), dtype=np.uint64)
     for s0 in range(0, len(h), _BLOCK):
         hb, db = h[s0:s0 + _BLOCK], doc[s0:s0 + _BLOCK]
         vals = buf[:, :len(hb)]
         np.multiply(a[:, None], hb[None, :], out=vals)
+        np.add(vals, b[:, None], out=vals)
         starts = np.flatnonzero(np.r_[True, db[1:] != db[:-1]])
         docs = db[starts]
         sig[:, docs] = np.minimum(sig[:, docs], np.minimum.reduceat(vals, starts, axis=1))
