@@ -36,7 +36,7 @@ from codemill.data.decontaminate import contamination_of
 from codemill.data.dedup import normalized_hash, resolve_duplicates
 from codemill.data.filters import apply_filters, language_expr
 from codemill.data.ingest import prepare
-from codemill.data.minhash import band_keys, signatures
+from codemill.data.minhash import band_keys, lsh_components, signatures
 from codemill.data.redact import redact_column
 from codemill.data.shingles import ngram_hashes, ngrams_from_tokens, token_hashes
 from codemill.data.sources import plan_chunks, read_chunk, stdlib_root
@@ -102,14 +102,22 @@ def shingle_set(text: str, n: int = 5) -> set[str]:
     return {" ".join(toks[i:i + n]) for i in range(len(toks) - n + 1)}
 
 
-def codemill_pairs(texts: list[str], cfg: IngestConfig) -> tuple[set[tuple[int, int]], float]:
+def codemill_clusters(texts: list[str], cfg: IngestConfig) -> tuple[np.ndarray, np.ndarray, float]:
+    """Timed: what the stage does (shingles, signatures, bands, connected components). Returns band keys."""
     proc = prepare(cfg)
     t0 = time.perf_counter()
     ng = ngram_hashes(pl.Series(texts, dtype=pl.String), 5)
     keys = band_keys(signatures(ng, 256, cfg.near_dedup.seed), proc.bands, proc.rows)
-    valid = np.flatnonzero(ng.tokens_per_doc >= 5)
+    valid = ng.tokens_per_doc >= 5
+    lsh_components(keys, valid)
+    return keys, valid, time.perf_counter() - t0
+
+
+def candidate_pairs(keys: np.ndarray, valid_mask: np.ndarray) -> set[tuple[int, int]]:
+    """Untimed: every pair sharing a band bucket, for the precision/recall check."""
+    valid = np.flatnonzero(valid_mask)
     pairs: set[tuple[int, int]] = set()
-    for j in range(proc.bands):
+    for j in range(keys.shape[1]):
         col = keys[valid, j]
         order = np.argsort(col, kind="stable")
         ks = col[order]
@@ -118,10 +126,11 @@ def codemill_pairs(texts: list[str], cfg: IngestConfig) -> tuple[set[tuple[int, 
         for a, b in zip(bounds[multi], bounds[multi + 1], strict=True):
             members = sorted(valid[order[a:b]].tolist())
             pairs.update((x, y) for i, x in enumerate(members) for y in members[i + 1:])
-    return pairs, time.perf_counter() - t0
+    return pairs
 
 
 def datasketch_pairs(texts: list[str]) -> tuple[set[tuple[int, int]], float]:
+    """Timed: datasketch MinHash + MinHashLSH, queries, and union-find into clusters (what dedup needs)."""
     from datasketch import MinHash, MinHashLSH
 
     t0 = time.perf_counter()
@@ -136,6 +145,16 @@ def datasketch_pairs(texts: list[str]) -> tuple[set[tuple[int, int]], float]:
         lsh.insert(i, m)
         sigs[i] = m
     pairs = {(min(i, j), max(i, j)) for i, m in sigs.items() for j in lsh.query(m) if j != i}
+    parent = list(range(len(texts)))
+
+    def find(x: int) -> int:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for x, y in pairs:
+        parent[find(y)] = find(x)
     return pairs, time.perf_counter() - t0
 
 
@@ -202,27 +221,12 @@ def stage_in_child(copies: int) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--dedup-files", type=int, default=4000, help="files in the datasketch comparison")
-    ap.add_argument("--pairs-sample", type=int, default=3000)
-    ap.add_argument("--skip-scale", action="store_true", help="skip the 4x-corpus memory run")
-    args = ap.parse_args()
-    cfg = corpus_config()
-
-    steps, n_bytes, n_files, texts = per_step(cfg)
-    mb = n_bytes / 1e6
-    print(f"corpus: {n_files} files, {mb:.1f} MB ({stdlib_root()}, every *.py incl. site-packages)\n")
-    print(f"{'step':<22}{'seconds':>9}{'MB/s':>9}{'files/s':>10}")
-    for k, dt in steps.items():
-        print(f"{k:<22}{dt:>9.2f}{mb / dt:>9.1f}{n_files / dt:>10.0f}")
-    tot = sum(steps.values())
-    print(f"{'sum of steps':<22}{tot:>9.2f}{mb / tot:>9.1f}{n_files / tot:>10.0f}\n")
-
+def compare_dedup(texts: list[str], cfg: IngestConfig, args: argparse.Namespace) -> None:
     uniq = list(dict.fromkeys(t for t in texts if t))  # exact duplicates are gone before near-dedup
     sample = uniq[:args.dedup_files]
     smb = sum(len(t.encode()) for t in sample) / 1e6
-    ours, t_ours = codemill_pairs(sample, cfg)
+    keys, valid, t_ours = codemill_clusters(sample, cfg)
+    ours = candidate_pairs(keys, valid)
     theirs, t_theirs = datasketch_pairs(sample)
     agree = agreement(sample, ours, theirs, 0.7, args.pairs_sample)
     print(f"near-dedup on {len(sample)} files ({smb:.1f} MB), 5-gram shingles, 256 permutations, threshold 0.7")
@@ -234,6 +238,31 @@ def main() -> None:
         print(f"    {name:<11} precision {agree[f'{name}_precision']:.3f}  recall {agree[f'{name}_recall']:.3f}")
     print()
 
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--dedup-files", type=int, default=4000, help="files in the datasketch comparison")
+    ap.add_argument("--pairs-sample", type=int, default=3000)
+    ap.add_argument("--skip-scale", action="store_true", help="skip the 4x-corpus memory run")
+    ap.add_argument("--only-dedup", action="store_true", help="only the datasketch comparison")
+    args = ap.parse_args()
+    cfg = corpus_config()
+    if args.only_dedup:
+        texts = [t for spec in plan_chunks(0, cfg.sources[0], cfg.chunk_files)
+                 for t in read_chunk(spec, cfg.max_file_bytes)["content"].drop_nulls().to_list()]
+        return compare_dedup(texts, cfg, args)
+
+    steps, n_bytes, n_files, texts = per_step(cfg)
+    mb = n_bytes / 1e6
+    print(f"corpus: {n_files} files, {mb:.1f} MB ({stdlib_root()}, every *.py incl. site-packages)\n")
+    print(f"{'step':<22}{'seconds':>9}{'MB/s':>9}{'files/s':>10}")
+    for k, dt in steps.items():
+        print(f"{k:<22}{dt:>9.2f}{mb / dt:>9.1f}{n_files / dt:>10.0f}")
+    tot = sum(steps.values())
+    print(f"{'sum of steps':<22}{tot:>9.2f}{mb / tot:>9.1f}{n_files / tot:>10.0f}\n")
+
+    compare_dedup(texts, cfg, args)
     t_base, base_bytes = read_and_hash(cfg)
     one = stage_in_child(1)
     print(f"read-and-hash baseline: {t_base:.2f} s ({base_bytes / 1e6 / t_base:.1f} MB/s)")
