@@ -42,7 +42,7 @@ def test_finetune_from_a_local_pretrained_folder(small_corpus, tmp_path, base_mo
 
     cfg = small_pipeline_config(small_corpus, tmp_path, max_steps=12)
     cfg.train.init_from = str(base_model)
-    cfg.train.lr = 1e-3
+    cfg.train.lr = 1e-2 if lora else 1e-3  # adapters start at zero and need the usual higher LoRA rate
     cfg.train.lora = LoraConfig(r=4, alpha=8) if lora else None
     cfg.evaluate.suites = ["bpb"]
     cfg.gate.enabled = False
@@ -55,7 +55,8 @@ def test_finetune_from_a_local_pretrained_folder(small_corpus, tmp_path, base_mo
 
     train_dir = store.local_path(ArtifactRef.model_validate(out["stages"]["train"]["ref"]))
     summary = json.loads((train_dir / "train_summary.json").read_text())
-    assert summary["losses"][-1] < summary["losses"][0]
+    losses = summary["losses"]
+    assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3, losses  # means: single-batch losses are noisy
     tuned = AutoModelForCausalLM.from_pretrained(str(train_dir / "hf"))
     base = AutoModelForCausalLM.from_pretrained(str(base_model))
     assert tuned.get_input_embeddings().num_embeddings == base_vocab + 4
