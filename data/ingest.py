@@ -30,7 +30,7 @@ from codemill.data.filters import apply_filters, language_expr
 from codemill.data.minhash import band_keys, optimal_bands, signatures
 from codemill.data.redact import PLACEHOLDERS, redact_column
 from codemill.data.shingles import ngrams_from_tokens, token_hashes
-from codemill.data.sources import ChunkSpec, plan_chunks, read_chunk, source_fingerprint
+from codemill.data.sources import ChunkSpec, default_repo, plan_chunks, read_chunk, source_fingerprint
 from codemill.data.sources import stdlib_root as stdlib_root  # re-exported
 from codemill.hashing import digest_of
 
@@ -181,7 +181,6 @@ Mapper = Callable[[Callable[[ChunkSpec], ChunkResult], list[ChunkSpec]], Iterabl
 
 def fingerprint_sources(cfg: IngestConfig) -> list[dict]:
     """Per source: location, repo and content fingerprint. Fails at once, naming the source, if unreadable."""
-    from codemill.data.sources import default_repo
     return [{**source_fingerprint(s), "repo": default_repo(s), "kind": s.kind} for s in cfg.sources]
 
 

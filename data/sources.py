@@ -139,7 +139,8 @@ def plan_chunks(index: int, src: SourceConfig, chunk_files: int) -> list[ChunkSp
                 specs += [ChunkSpec(index, "parquet", url, repo, groups, options=_table_options(src))
                           for groups in _row_group_batches(src, url, chunk_files)]
             else:
-                size = _fs(url, src.storage_options)[0].size(_fs(url, src.storage_options)[1])
+                fs, path = _fs(url, src.storage_options)
+                size = fs.size(path)
                 specs += [ChunkSpec(index, "jsonl", url, repo, (s, min(s + JSONL_RANGE_BYTES, size)),
                                     options=_table_options(src)) for s in range(0, max(size, 1), JSONL_RANGE_BYTES)]
         return specs
