@@ -9,8 +9,6 @@ applies, in the order of ``FILTER_REASONS``.
 
 from __future__ import annotations
 
-import os
-
 import polars as pl
 
 from codemill.config import FilterConfig
@@ -27,10 +25,6 @@ def language_expr(path: pl.Expr, languages: dict[str, str]) -> pl.Expr:
     """Language from the file extension (lower-cased), 'unknown' when the map has no entry."""
     ext = path.str.extract(r"(\.[^./]+)$", 1).str.to_lowercase()
     return ext.replace_strict(languages, default="unknown", return_dtype=pl.String)
-
-
-def detect_language(path: str, languages: dict[str, str]) -> str:
-    return languages.get(os.path.splitext(path)[1].lower(), "unknown")
 
 
 def filter_stats(content: pl.Expr) -> list[pl.Expr]:

@@ -31,7 +31,6 @@ from codemill.data.minhash import band_keys, optimal_bands, signatures
 from codemill.data.redact import PLACEHOLDERS, redact_column
 from codemill.data.shingles import ngrams_from_tokens, token_hashes
 from codemill.data.sources import ChunkSpec, default_repo, plan_chunks, read_chunk, source_fingerprint
-from codemill.data.sources import stdlib_root as stdlib_root  # re-exported
 from codemill.hashing import digest_of
 
 INGEST_CODE_VERSION = "ingest-v2"

@@ -120,10 +120,15 @@ def _cut_points(paths: list[str], mean: int) -> Iterator[list[str]]:
         yield chunk
 
 
+def folder_root(src: SourceConfig) -> str:
+    """The absolute root of a folder source (empty path = the stdlib); fails naming a missing path."""
+    return str(check_source_root(Path(src.path).expanduser() if src.path else stdlib_root()).resolve())
+
+
 def plan_chunks(index: int, src: SourceConfig, chunk_files: int) -> list[ChunkSpec]:
     repo = default_repo(src)
     if src.kind == "folder":
-        root = str(check_source_root(Path(src.path).expanduser() if src.path else stdlib_root()).resolve())
+        root = folder_root(src)
         commit = git_commit(root)
         walk = Rejections()
         rels = [rel for rel, _ in iter_candidates(Path(root), list(src.include), list(src.exclude), on_error=walk,
@@ -343,7 +348,7 @@ def source_fingerprint(src: SourceConfig) -> dict[str, Any]:
     """What identifies a source's content, cheaply: file hashes (folder), ETag/size (URLs), dataset hash (HF)."""
     from codemill.data.local_source import fingerprint_source
     if src.kind == "folder":
-        root = str(check_source_root(Path(src.path).expanduser() if src.path else stdlib_root()).resolve())
+        root = folder_root(src)
         digest, n = fingerprint_source(root, list(src.include), list(src.exclude), list(src.skip_dirs))
         return {"root": root, "fingerprint": digest, "files": n, "commit": git_commit(root)}
     if src.kind in ("parquet", "jsonl"):

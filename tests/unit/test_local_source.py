@@ -4,7 +4,7 @@ import polars as pl
 import pytest
 
 from codemill.config import DEFAULT_LANGUAGES, SourceConfig
-from codemill.data.filters import detect_language
+from codemill.data.filters import language_expr
 from codemill.data.globs import dir_excluded, matches_any
 from codemill.data.local_source import SourceNotFoundError, decode_source, fingerprint_source
 from codemill.data.sources import plan_chunks, read_chunk
@@ -39,9 +39,9 @@ def test_decode_reasons():
 
 
 def test_language_by_extension():
-    assert detect_language("a/b.py", DEFAULT_LANGUAGES) == "python"
-    assert detect_language("X.RS", DEFAULT_LANGUAGES) == "rust"
-    assert detect_language("x.zz", DEFAULT_LANGUAGES) == "unknown"
+    langs = pl.DataFrame({"path": ["a/b.py", "X.RS", "x.zz"]}).select(
+        language_expr(pl.col("path"), DEFAULT_LANGUAGES))["path"].to_list()
+    assert langs == ["python", "rust", "unknown"]
 
 
 def test_missing_root_fails_naming_the_path(tmp_path):
