@@ -11,6 +11,8 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
+from codemill.cpus import usable_cpus
+
 
 class TrainingFailed(RuntimeError):
     pass
@@ -30,7 +32,7 @@ def torchrun_command(spec_path: str, nproc_per_node: int, *, nnodes: str = "1", 
 
 
 def threads_per_rank(nproc_per_node: int) -> int:
-    return max(1, (os.cpu_count() or 1) // nproc_per_node)
+    return max(1, usable_cpus() // nproc_per_node)
 
 
 def run_streaming(cmd: list[str], env: dict[str, str], timeout_s: float,

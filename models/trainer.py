@@ -9,6 +9,7 @@ format (safetensors).
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import shutil
@@ -31,6 +32,8 @@ from codemill.models.data_order import SequenceOrder, gather_rows
 from codemill.models.flops import flops_per_token, mfu, peak_flops
 from codemill.models.masking import document_mask
 from codemill.models.schedule import lr_multiplier
+
+STACK_DUMP_ENV = "CODEMILL_STACK_DUMP_AFTER_S"
 
 
 class TrainSpec(BaseModel):
@@ -309,6 +312,10 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m codemill.models.trainer SPEC.json", file=sys.stderr)
         return 2
     spec = TrainSpec.model_validate_json(Path(argv[0]).read_text())
+    faulthandler.enable()
+    dump_after = os.environ.get(STACK_DUMP_ENV)
+    if dump_after:  # a hang (a stuck collective, a blocked write) shows every thread's stack before the kill
+        faulthandler.dump_traceback_later(float(dump_after), exit=False)
     train(spec)
     return 0
 

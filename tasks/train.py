@@ -15,7 +15,7 @@ from codemill.config import TrainConfig
 from codemill.hashing import stage_digest
 from codemill.lineage import Lineage, mlflow_digest
 from codemill.models.launch import run_streaming, threads_per_rank, torchrun_command
-from codemill.models.trainer import TrainSpec
+from codemill.models.trainer import STACK_DUMP_ENV, TrainSpec
 from codemill.store import ArtifactRef, ArtifactStore, ArtifactWriter, Manifest
 from codemill.tasks.common import RunContext, StageResult, artifact_cache_key, run_stage
 
@@ -68,7 +68,7 @@ def train_task(ref: ArtifactRef, ctx: RunContext, cfg: TrainConfig, tokens: Arti
         spec_path.write_text(spec.model_dump_json())
         env = {**os.environ, "MLFLOW_TRACKING_URI": ctx.tracking_uri, "MLFLOW_RUN_ID": run_id,
                "OMP_NUM_THREADS": str(threads_per_rank(cfg.nproc_per_node)), "PYTHONUNBUFFERED": "1",
-               "TQDM_DISABLE": "1"}
+               "TQDM_DISABLE": "1", STACK_DUMP_ENV: str(max(1, cfg.timeout_s - 15))}
         progress.sink().stage(STAGE, f"torchrun x{cfg.nproc_per_node}")
         try:
             cmd = torchrun_command(str(spec_path), cfg.nproc_per_node, nnodes=cfg.nnodes, max_restarts=cfg.max_restarts,

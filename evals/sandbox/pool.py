@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import os
 import queue
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
+from codemill.cpus import usable_cpus
 from codemill.evals.sandbox.runner import ExecResult, Sandbox
 
 
 def default_workers() -> int:
-    return max(1, os.cpu_count() or 1)
+    return usable_cpus()
 
 
 def run_all(sandbox: Sandbox, programs: Sequence[str], workers: int | None = None,
