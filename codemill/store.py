@@ -4,10 +4,17 @@ Layout: ``<root>/<stage>/<name>-<digest[:12]>/`` holding payload files and ``man
 written last: a directory without one is incomplete and never read. Payloads are built in a local staging
 directory; on a local store the finished directory is renamed into place (atomic), on a remote store the
 payload is uploaded first and the manifest last.
+
+Concurrent runs on one store: an artifact's path is its digest, so two runs producing the same artifact
+produce the same thing and only one copy must win. Locally the rename into place runs under an exclusive
+``fcntl.flock`` on a per-artifact lock file (so one writer cannot delete a directory another has just
+committed); remotely, where no lock exists, commits are write-once: a committed manifest is never replaced
+or deleted, the first manifest wins and a later writer of the same digest counts it as success.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -164,26 +171,40 @@ class ArtifactStore:
             _commit_local_dir(staging, Path(self._fs_path(ref)))
             return
         dest = self._fs_path(ref)
-        if self.fs.exists(dest):  # leftover of an interrupted upload: no manifest, so never read; replace
-            self.fs.rm(dest, recursive=True)
+        if self.is_committed(ref):  # write-once: another run committed this digest first
+            return
+        # A directory without a manifest is an interrupted upload or another run's upload in progress: never
+        # delete it (that would remove the other run's files); put_file overwrites the same paths.
         for entry in manifest.files:
             self.fs.put_file(str(staging / entry.path), f"{dest}/{entry.path}")
+        self.fs.invalidate_cache(dest)
+        if self.is_committed(ref):  # committed meanwhile: keep the first manifest
+            return
         with self.fs.open(f"{dest}/{MANIFEST}", "w") as fh:
             fh.write(payload)
 
 
+@contextmanager
+def artifact_lock(target: Path) -> Iterator[None]:
+    """Exclusive lock on one artifact path across threads and processes (``flock`` on a hidden lock file next
+    to it; the lock file stays, it is never read as an artifact)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(target.parent / f".{target.name}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
+
+
 def _commit_local_dir(staging: Path, target: Path) -> None:
     """Rename a finished directory into place. If another writer won the race, keep theirs (same digest)."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    if (target / MANIFEST).exists():
-        return
-    if target.exists():  # an incomplete directory (no manifest) is garbage from a crash
-        shutil.rmtree(target)
-    try:
+    with artifact_lock(target):
+        if (target / MANIFEST).exists():
+            return
+        if target.exists():  # an incomplete directory (no manifest) is garbage from a crash
+            shutil.rmtree(target)
         os.rename(staging, target)
-    except OSError:
-        if not (target / MANIFEST).exists():
-            raise
 
 
 class ArtifactWriter:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import shutil
 import tempfile
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -34,7 +35,7 @@ from codemill.data.sources import ChunkSpec, default_repo, plan_chunks, read_chu
 from codemill.hashing import digest_of
 
 INGEST_CODE_VERSION = "ingest-v2"
-CHUNK_CODE_VERSION = "ingest-chunk-v1"
+CHUNK_CODE_VERSION = "ingest-chunk-v2"  # v2: 32-bit MinHash permutations
 READ_REASONS = ("unreadable", "unreadable_dir", "symlink_loop", "broken_symlink", "not_regular_file", "too_large",
                 "empty", "binary", "invalid_utf8", "invalid_json", "null_content", "not_text")
 STEPS = {"read": READ_REASONS, "language": ("language_not_allowed",),
@@ -66,7 +67,7 @@ class DirChunkCache:
     def save(self, key: str, df: pl.DataFrame) -> None:
         p = self._path(key)
         p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_name(f".{p.name}.{id(df)}.tmp")
+        tmp = p.with_name(f".{p.name}.{uuid.uuid4().hex}.tmp")  # unique across processes, unlike id()
         df.write_parquet(tmp, compression="zstd")
         tmp.replace(p)  # atomic: a reader sees the whole chunk or none
 

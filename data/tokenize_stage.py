@@ -8,7 +8,9 @@ sentinels). tokenize: stream the train shards, apply FIM, encode each shard with
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import polars as pl
@@ -21,6 +23,7 @@ from codemill.data.tokenizer import prepare_base_tokenizer, save_tokenizer, trai
 
 TOKENIZER_CODE_VERSION = "tokenizer-v2"
 TOKENIZE_CODE_VERSION = "tokenize-v2"
+Mapper = Callable[[Callable[[Path], "EncodedShard"], list[Path]], Iterable["EncodedShard"]]
 
 
 def train_shards(corpus_dir: Path) -> list[Path]:
@@ -64,27 +67,49 @@ class DocumentEncoder:
         return out, n_fim
 
 
+@dataclass(frozen=True)
+class EncodedShard:
+    """One corpus shard encoded (FIM applied): the unit of work that may run on another process."""
+
+    docs: list[list[int]]
+    fim_documents: int
+    files: int
+    bytes: int
+
+
+def encode_shard(shard: Path, tokenizer_dir: Path, cfg: TokenizeConfig) -> EncodedShard:
+    """Encode one train shard in batches. Pure: the same shard gives the same ids wherever it runs."""
+    info = json.loads((tokenizer_dir / "tokenizer_info.json").read_text())
+    encoder = DocumentEncoder(Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json")), info, cfg)
+    df = pl.read_parquet(shard, columns=["content", "sha256", "bytes"])
+    docs, n_fim = [], 0
+    for start in range(0, df.height, cfg.batch_size):
+        part = df.slice(start, cfg.batch_size)
+        ids, fims = encoder.encode(part["content"].to_list(), part["sha256"].to_list())
+        docs += ids
+        n_fim += fims
+    return EncodedShard(docs, n_fim, df.height, int(df["bytes"].sum()))
+
+
 def run_tokenize(cfg: TokenizeConfig, corpus_dir: Path, tokenizer_dir: Path, out_dir: Path,
-                 progress: Callable[[int, int], None] | None = None) -> dict:
+                 progress: Callable[[int, int], None] | None = None, mapper: Mapper | None = None) -> dict:
+    """Encode shards (through ``mapper``, e.g. on Ray workers) and pack them in shard order, so the packed rows
+    do not depend on where or in which order the shards were encoded."""
     info = json.loads((tokenizer_dir / "tokenizer_info.json").read_text())
     tok = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
-    encoder = DocumentEncoder(tok, info, cfg)
     writer = ShardWriter(out_dir / "train", cfg.seq_len, token_dtype(info["vocab_size"]), cfg.sequences_per_shard)
     packer = Packer(info["eos_id"], cfg.seq_len)
     shards = train_shards(corpus_dir)
     n_tokens = n_files = n_bytes = n_fim = 0
-    for i, shard in enumerate(shards):
-        df = pl.read_parquet(shard, columns=["content", "sha256", "bytes"])
-        for start in range(0, df.height, cfg.batch_size):
-            part = df.slice(start, cfg.batch_size)
-            docs, fims = encoder.encode(part["content"].to_list(), part["sha256"].to_list())
-            n_fim += fims
-            for ids in docs:
-                n_tokens += len(ids) + 1
-                for row, positions in packer.add(ids):
-                    writer.add(row, positions)
-        n_files += df.height
-        n_bytes += int(df["bytes"].sum())
+    encoded = (mapper or map)(partial(encode_shard, tokenizer_dir=tokenizer_dir, cfg=cfg), shards)
+    for i, enc in enumerate(encoded):
+        n_fim += enc.fim_documents
+        for ids in enc.docs:
+            n_tokens += len(ids) + 1
+            for row, positions in packer.add(ids):
+                writer.add(row, positions)
+        n_files += enc.files
+        n_bytes += enc.bytes
         if progress:
             progress(i + 1, len(shards))
     writer.flush()

@@ -15,7 +15,15 @@ from codemill.data.ingest import CHUNK_CODE_VERSION, INGEST_CODE_VERSION, diff_l
 from codemill.hashing import digest_of, stage_digest
 from codemill.lineage import Lineage
 from codemill.store import ArtifactRef, ArtifactStore, ArtifactWriter, Manifest
-from codemill.tasks.common import RunContext, StageResult, artifact_cache_key, run_stage
+from codemill.tasks import fanout
+from codemill.tasks.common import (
+    SERVER_RETRIES,
+    RunContext,
+    StageResult,
+    artifact_cache_key,
+    retry_on_server_error,
+    run_stage,
+)
 
 STAGE = "ingest"
 CHUNK_STAGE = "ingest-chunks"
@@ -120,14 +128,16 @@ def _record(sources: list[dict]):
     return record
 
 
-@task(name="ingest", cache_key_fn=artifact_cache_key, persist_result=True, cache_result_in_memory=False)
+@task(name="ingest", cache_key_fn=artifact_cache_key, persist_result=True, cache_result_in_memory=False,
+      retry_condition_fn=retry_on_server_error, **SERVER_RETRIES)
 def ingest_task(ref: ArtifactRef, ctx: RunContext, cfg: IngestConfig, sources: list[dict]) -> StageResult:
     logger = get_run_logger()
     store = ctx.store()
     cache = StoreChunkCache(ctx.store_root, str(store.cache_dir))
 
     def produce(w: ArtifactWriter, run_id: str) -> Manifest:
-        stats = run_ingest(cfg, w.dir, cache=cache, progress=lambda msg: progress.sink().stage(STAGE, msg))
+        stats = run_ingest(cfg, w.dir, cache=cache, progress=lambda msg: progress.sink().stage(STAGE, msg),
+                           mapper=fanout.mapper)
         stats["source_fingerprints"] = sources
         stats["source_key"] = source_key(sources)
         stats["changes"] = changes_since_previous(store, stats["source_key"], ref, w)

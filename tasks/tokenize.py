@@ -13,7 +13,15 @@ from codemill.data.tokenize_stage import TOKENIZE_CODE_VERSION, TOKENIZER_CODE_V
 from codemill.hashing import stage_digest
 from codemill.lineage import Lineage
 from codemill.store import ArtifactRef, ArtifactStore, ArtifactWriter, Manifest
-from codemill.tasks.common import RunContext, StageResult, artifact_cache_key, run_stage
+from codemill.tasks import fanout
+from codemill.tasks.common import (
+    SERVER_RETRIES,
+    RunContext,
+    StageResult,
+    artifact_cache_key,
+    retry_on_server_error,
+    run_stage,
+)
 from codemill.tasks.models import folder_digest
 
 TOKENIZER_KEYS = ("base_tokenizer", "vocab_size", "min_frequency")
@@ -54,7 +62,8 @@ def _record(inputs: dict[str, ArtifactRef], metric_keys: tuple[str, ...]):
     return record
 
 
-@task(name="tokenizer", cache_key_fn=artifact_cache_key, persist_result=True, cache_result_in_memory=False)
+@task(name="tokenizer", cache_key_fn=artifact_cache_key, persist_result=True, cache_result_in_memory=False,
+      retry_condition_fn=retry_on_server_error, **SERVER_RETRIES)
 def tokenizer_task(ref: ArtifactRef, ctx: RunContext, cfg: TokenizeConfig, corpus: ArtifactRef) -> StageResult:
     store = ctx.store()
 
@@ -69,7 +78,8 @@ def tokenizer_task(ref: ArtifactRef, ctx: RunContext, cfg: TokenizeConfig, corpu
                      lambda m: {"vocab_size": m.stats["vocab_size"], "source": m.stats["source"]})
 
 
-@task(name="tokenize", cache_key_fn=artifact_cache_key, persist_result=True, cache_result_in_memory=False)
+@task(name="tokenize", cache_key_fn=artifact_cache_key, persist_result=True, cache_result_in_memory=False,
+      retry_condition_fn=retry_on_server_error, **SERVER_RETRIES)
 def tokenize_task(ref: ArtifactRef, ctx: RunContext, cfg: TokenizeConfig, corpus: ArtifactRef,
                   tokenizer: ArtifactRef) -> StageResult:
     logger = get_run_logger()
@@ -79,7 +89,8 @@ def tokenize_task(ref: ArtifactRef, ctx: RunContext, cfg: TokenizeConfig, corpus
     def produce(w: ArtifactWriter, run_id: str) -> Manifest:
         progress.sink().stage("tokenize", "encoding and packing")
         stats = run_tokenize(cfg, store.local_path(corpus), store.local_path(tokenizer), w.dir,
-                             progress=lambda done, total: progress.sink().update("tokenize", done, total))
+                             progress=lambda done, total: progress.sink().update("tokenize", done, total),
+                             mapper=fanout.mapper)
         logger.info("tokenize: %d files -> %d tokens, %d sequences of %d (%d FIM documents)", stats["files"],
                     stats["tokens"], stats["sequences"], stats["seq_len"], stats["fim_documents"])
         return w.finish(code_version=TOKENIZE_CODE_VERSION, config=cfg.digest_config(),
