@@ -68,11 +68,12 @@ def run(
     """Run the whole pipeline: ingest -> tokenize -> train -> evaluate."""
     cfg = build_config(config, preset, source, store)
     _prefect_defaults(cfg)
+    from codemill.flows.common import with_task_runner
     from codemill.flows.pipeline import pipeline
 
     t0 = time.perf_counter()
     with _progress():
-        out = pipeline(config=cfg)
+        out = with_task_runner(pipeline, cfg)(config=cfg)
     print_summary(out, time.perf_counter() - t0)
 
 

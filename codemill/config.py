@@ -301,6 +301,12 @@ class PipelineConfig(StageConfig):
     store_root: str = runtime_only(default=".codemill/store", description="Artifact store: path or fsspec URL.")
     work_dir: str = runtime_only(default=".codemill/work", description="Local scratch: checkpoints, caches.")
     mlflow_tracking_uri: str = runtime_only(default="sqlite:///mlflow.db", description="MLflow tracking URI.")
+    ray_address: str | None = runtime_only(
+        default=None, description="Fan ingest chunks and tokenize shards out on Ray (prefect-ray's RayTaskRunner): "
+        "'local' starts a local Ray cluster for the run, 'auto' or 'ray://host:10001' joins a running one; "
+        "empty = in-process. Artifacts are identical either way.")
+    ray_init: dict[str, Any] = runtime_only(default_factory=dict, description="Extra ray.init() keyword arguments "
+                                            "(e.g. num_cpus, object_store_memory) for a local cluster.")
     ingest: IngestConfig = Field(default_factory=IngestConfig)
     tokenize: TokenizeConfig = Field(default_factory=TokenizeConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)

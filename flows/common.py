@@ -9,6 +9,7 @@ from codemill.config import PipelineConfig
 from codemill.lineage import Lineage
 from codemill.store import ArtifactStore
 from codemill.tasks.common import RunContext, StageResult
+from codemill.tasks.fanout import task_runner_for
 
 
 def flow_run_url() -> str | None:
@@ -42,3 +43,9 @@ def run_stage_task(task, store: ArtifactStore, **params: Any) -> StageResult:
         result = result.model_copy(update={"status": "cached"})
     progress.sink().stage(result.ref.stage, f"{result.status}: {result.ref.uri}")
     return result
+
+
+def with_task_runner(flow_obj: Any, config: PipelineConfig) -> Any:
+    """``flow_obj`` on the task runner ``config.ray_address`` asks for (unchanged when none is configured)."""
+    runner = task_runner_for(config)
+    return flow_obj if runner is None else flow_obj.with_options(task_runner=runner)
