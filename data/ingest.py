@@ -34,7 +34,7 @@ from codemill.data.shingles import ngrams_from_tokens, token_hashes
 from codemill.data.sources import ChunkSpec, default_repo, plan_chunks, read_chunk, source_fingerprint
 from codemill.hashing import digest_of
 
-INGEST_CODE_VERSION = "ingest-v2"
+INGEST_CODE_VERSION = "ingest-v3"
 CHUNK_CODE_VERSION = "ingest-chunk-v2"  # v2: 32-bit MinHash permutations
 READ_REASONS = ("unreadable", "unreadable_dir", "symlink_loop", "broken_symlink", "not_regular_file", "too_large",
                 "empty", "binary", "invalid_utf8", "invalid_json", "null_content", "not_text")
