@@ -62,3 +62,38 @@ def test_artifact_lock_is_exclusive_across_threads(tmp_path: Path) -> None:
         events.append("second-acquire")
     t.join()
     assert events == ["holder-release", "second-acquire"]
+
+
+def test_commit_waits_for_the_lock_and_keeps_the_first_writers_artifact(tmp_path: Path) -> None:
+    """The interleaving that lost artifacts without a lock: writer B checks 'no manifest' while writer A is
+    mid-commit, then deletes A's freshly renamed directory as 'incomplete'. With the lock B waits, then sees
+    A's manifest and leaves it alone."""
+    store = ArtifactStore(str(tmp_path / "store"))
+    ref = store.ref("stage", "thing", "cd" * 32)
+    target = Path(store._fs_path(ref))
+    target.mkdir(parents=True)  # an incomplete leftover from a crashed run
+    done = threading.Event()
+
+    def writer_b() -> None:
+        with store.writer(ref) as w:
+            w.path("payload.bin").write_bytes(b"from B")
+            w.finish(code_version="v1", config={})
+        done.set()
+
+    with artifact_lock(target):  # writer A is committing
+        t = threading.Thread(target=writer_b)
+        t.start()
+        assert not done.wait(0.5)  # B blocks on the lock instead of racing A
+        staging = tmp_path / "a-staging"
+        with store.writer(store.ref("scratch", "a", "ef" * 32)) as w:  # a real finished payload for A
+            w.path("payload.bin").write_bytes(b"from A")
+            a_manifest = w.finish(code_version="v1", config={})
+        src = Path(store._fs_path(store.ref("scratch", "a", "ef" * 32)))
+        src.rename(staging)
+        (staging / MANIFEST).write_text(a_manifest.model_copy(update={"digest": ref.digest}).model_dump_json())
+        target.rmdir()
+        staging.rename(target)
+    t.join(timeout=10)
+    assert done.is_set()
+    assert (target / "payload.bin").read_bytes() == b"from A"  # B saw A's commit and kept it
+    assert store.read_manifest(ref).digest == ref.digest
