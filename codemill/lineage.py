@@ -42,9 +42,27 @@ def mlflow_digest(digest: str) -> str:
     return digest[:MLFLOW_DIGEST_CHARS]
 
 
+class TrackingServerUnavailable(ConnectionError):
+    """The MLflow tracking server does not answer; raised at once instead of after MLflow's long retries."""
+
+
+def check_tracking_server(tracking_uri: str, timeout: float = 10) -> None:
+    """Fail fast, naming the URI, when an HTTP tracking server is down (file/sqlite URIs need no check)."""
+    import urllib.request
+
+    if not tracking_uri.startswith(("http://", "https://")):
+        return
+    try:
+        with urllib.request.urlopen(f"{tracking_uri.rstrip('/')}/health", timeout=timeout):
+            return
+    except OSError as e:
+        raise TrackingServerUnavailable(f"MLflow tracking server {tracking_uri} is unreachable: {e}") from e
+
+
 class Lineage:
     def __init__(self, tracking_uri: str, experiment_name: str) -> None:
         self.tracking_uri = tracking_uri
+        check_tracking_server(tracking_uri)
         # MLflow's SQL registry store looks LoggedModels up through a default MlflowClient(), i.e. the global
         # tracking URI, so the process-wide URI must agree with the one this client writes to.
         mlflow.set_tracking_uri(tracking_uri)

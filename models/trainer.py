@@ -55,7 +55,11 @@ def emit(event: str, **fields) -> None:
 
 
 class RankZeroLogger:
-    """MLflow from rank 0 only: step metrics, and each committed checkpoint as a LoggedModel."""
+    """MLflow from rank 0 only: step metrics, and each committed checkpoint as a LoggedModel.
+
+    Logging is best effort: a tracking server that is briefly down costs a warning, never the training run
+    (few, short HTTP retries; the train task registers the final model once the server is back).
+    """
 
     def __init__(self, rank: int, spec: TrainSpec) -> None:
         self.run_id = os.environ.get("MLFLOW_RUN_ID") if rank == 0 else None
@@ -64,8 +68,21 @@ class RankZeroLogger:
         if self.run_id:
             from mlflow import MlflowClient
 
+            for k, v in {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+                         "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}.items():
+                os.environ.setdefault(k, v)
             self.client = MlflowClient()
-            self.experiment_id = self.client.get_run(self.run_id).info.experiment_id
+            self.experiment_id = self._try("look up the run", lambda: self.client.get_run(self.run_id)
+                                           .info.experiment_id)
+            if self.experiment_id is None:
+                self.client = None
+
+    def _try(self, what: str, fn):
+        try:
+            return fn()
+        except Exception as e:  # noqa: BLE001 (any tracking failure: keep training)
+            print(f"warning: MLflow logging failed ({what}), training continues: {e}", file=sys.stderr, flush=True)
+            return None
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         if self.client is None:
@@ -73,11 +90,14 @@ class RankZeroLogger:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        self.client.log_batch(self.run_id, metrics=[Metric(k, float(v), now, step) for k, v in metrics.items()])
+        self._try(f"metrics at step {step}", lambda: self.client.log_batch(
+            self.run_id, metrics=[Metric(k, float(v), now, step) for k, v in metrics.items()]))
 
     def checkpoint(self, step: int, path: Path, loss: float) -> None:
-        if self.client is None:
-            return
+        if self.client is not None:
+            self._try(f"checkpoint at step {step}", lambda: self._log_checkpoint(step, path, loss))
+
+    def _log_checkpoint(self, step: int, path: Path, loss: float) -> None:
         from mlflow.entities import LoggedModelOutput
 
         m = self.client.create_logged_model(self.experiment_id, name=f"ckpt-step{step}", source_run_id=self.run_id,

@@ -37,6 +37,25 @@ class StageResult(BaseModel):
     summary: dict[str, Any] = Field(default_factory=dict)
 
 
+SERVER_RETRIES = {"retries": 3, "retry_delay_seconds": [5, 20, 40]}  # a tracking server restart takes ~30 s
+
+
+def retry_on_server_error(task: Any, task_run: Any, state: Any) -> bool:
+    """Retry a stage only when a server (MLflow, S3) did not answer; bad input fails at once.
+    Retries are cheap: a stage whose artifact was committed before the failure is found in the store."""
+    import requests
+
+    exc = state.result(raise_on_failure=False)
+    while isinstance(exc, BaseException):
+        if isinstance(exc, ConnectionError | TimeoutError | requests.ConnectionError | requests.Timeout):
+            return True
+        if type(exc).__name__ == "MlflowException" and any(
+                s in str(exc) for s in ("Max retries exceeded", "Connection refused", "Read timed out")):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
 def artifact_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
     """The Prefect cache key is the artifact digest (plus the store it lives in)."""
     ref: ArtifactRef = parameters["ref"]

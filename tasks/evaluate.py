@@ -15,7 +15,14 @@ from codemill.evals import suites
 from codemill.hashing import sha256_file, stage_digest
 from codemill.lineage import Lineage
 from codemill.store import ArtifactRef, ArtifactStore, ArtifactWriter, Manifest
-from codemill.tasks.common import RunContext, StageResult, artifact_cache_key, run_stage
+from codemill.tasks.common import (
+    SERVER_RETRIES,
+    RunContext,
+    StageResult,
+    artifact_cache_key,
+    retry_on_server_error,
+    run_stage,
+)
 from codemill.tasks.models import ResolvedModel
 
 STAGE = "evaluate"
@@ -81,6 +88,7 @@ def _clusters(store: ArtifactStore, corpus: ArtifactRef, val) -> list[str]:
 
 
 @task(name="evaluate", cache_key_fn=artifact_cache_key, persist_result=True, cache_result_in_memory=False,
+      retry_condition_fn=retry_on_server_error, **SERVER_RETRIES,
       task_run_name="evaluate-{suite}")
 def evaluate_suite_task(ref: ArtifactRef, ctx: RunContext, suite: str, cfg: EvalConfig, model: ResolvedModel,
                         corpus: ArtifactRef | None, samples_file: str | None = None) -> StageResult:

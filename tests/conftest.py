@@ -81,3 +81,60 @@ def s3_endpoint():
     yield url
     proc.terminate()
     proc.wait(timeout=10)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class MlflowServer:
+    """A real ``mlflow server`` subprocess (SQLite backend, proxied artifacts) that can be stopped and restarted
+    on the same port and database, to test the pipeline against a tracking server that goes away."""
+
+    def __init__(self, root: Path) -> None:
+        self.root, self.port = root, free_port()
+        self.uri = f"http://127.0.0.1:{self.port}"
+        self.proc = None
+
+    def start(self, timeout: float = 90) -> MlflowServer:
+        import subprocess
+        import sys
+        import time
+        import urllib.request
+
+        self.root.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(self.port),
+               "--backend-store-uri", f"sqlite:///{self.root / 'mlflow.db'}", "--serve-artifacts",
+               "--artifacts-destination", str(self.root / "artifacts"), "--workers", "1"]
+        log = open(self.root / "server.log", "ab")  # noqa: SIM115 (closed with the process)
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"mlflow server exited: {(self.root / 'server.log').read_text()[-2000:]}")
+            try:
+                with urllib.request.urlopen(f"{self.uri}/health", timeout=2) as r:
+                    if r.status == 200:
+                        return self
+            except OSError:
+                time.sleep(0.3)
+        raise TimeoutError(f"mlflow server at {self.uri} not healthy after {timeout} s")
+
+    def stop(self) -> None:
+        import signal
+
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)  # uvicorn/gunicorn workers too
+            self.proc.wait(timeout=30)
+        self.proc = None
+
+
+@pytest.fixture
+def mlflow_server(tmp_path: Path):
+    server = MlflowServer(tmp_path / "mlflow-server").start()
+    yield server
+    server.stop()
