@@ -37,7 +37,7 @@ class StageResult(BaseModel):
     summary: dict[str, Any] = Field(default_factory=dict)
 
 
-SERVER_RETRIES = {"retries": 3, "retry_delay_seconds": [5, 20, 40]}  # a tracking server restart takes ~30 s
+SERVER_RETRIES = {"retries": 3, "retry_delay_seconds": [10, 30, 60]}  # a tracking server restart takes ~30 s
 
 
 def retry_on_server_error(task: Any, task_run: Any, state: Any) -> bool:
