@@ -161,5 +161,90 @@ def presets() -> None:
         console.print(name)
 
 
+def _lineage_sources(config: Path | None, preset: str, store: str | None, tracking_uri: str | None):
+    """MlflowClient + ArtifactStore from the same config `run` uses (options override it)."""
+    from mlflow import MlflowClient
+
+    from codemill.store import ArtifactStore
+
+    cfg = build_config(config, preset, None, store)
+    uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or cfg.mlflow_tracking_uri
+    return MlflowClient(tracking_uri=uri, registry_uri=uri), ArtifactStore(cfg.store_root)
+
+
+LineageConfig = Annotated[Path | None, typer.Option(help="Pipeline config YAML (overrides --preset).")]
+LineagePreset = Annotated[str, typer.Option(help="Preset naming the store and tracking URI.")]
+LineageStore = Annotated[str | None, typer.Option(help="Artifact store root (path or fsspec URL).")]
+LineageUri = Annotated[str | None, typer.Option(help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, config).")]
+AsJson = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table/tree.")]
+
+
+@app.command()
+def lineage(
+    ident: Annotated[str, typer.Argument(help="LoggedModel id (m-...), MLflow run id, or artifact digest (prefix).")],
+    config: LineageConfig = None, preset: LineagePreset = "tiny", store: LineageStore = None,
+    tracking_uri: LineageUri = None, as_json: AsJson = False,
+) -> None:
+    """Show the chain eval scores -> checkpoint -> training run -> tokens -> corpus -> sources."""
+    import json
+
+    from codemill import lineage_view
+
+    client, art_store = _lineage_sources(config, preset, store, tracking_uri)
+    try:
+        tree = lineage_view.lineage_tree(client, art_store, ident)
+    except lineage_view.LineageError as e:
+        console.print(f"[red]error:[/] {e}")
+        raise typer.Exit(2) from e
+    if as_json:
+        typer.echo(json.dumps(tree, indent=2, default=str))
+    else:
+        console.print(lineage_view.render(tree))
+
+
+@app.command()
+def compare(
+    model_a: Annotated[str, typer.Argument(help="LoggedModel id (a, the candidate).")],
+    model_b: Annotated[str, typer.Argument(help="LoggedModel id (b, the reference).")],
+    config: LineageConfig = None, preset: LineagePreset = "tiny", store: LineageStore = None,
+    tracking_uri: LineageUri = None, as_json: AsJson = False,
+    alpha: Annotated[float, typer.Option(help="Significance level of the verdict.")] = 0.05,
+) -> None:
+    """Paired comparison of two models on the same eval items (the gate's statistics)."""
+    import json
+
+    from codemill import lineage_view
+
+    client, art_store = _lineage_sources(config, preset, store, tracking_uri)
+    try:
+        result = lineage_view.compare_models(client, art_store, model_a, model_b, alpha)
+    except lineage_view.LineageError as e:
+        console.print(f"[red]error:[/] {e}")
+        raise typer.Exit(2) from e
+    if as_json:
+        typer.echo(json.dumps(result, indent=2, default=str))
+    else:
+        console.print(lineage_view.render_comparison(result))
+
+
+@app.command()
+def serve(
+    prefect_file: Annotated[Path | None, typer.Option(help="Deployments file (default: deployments/prefect.yaml).")]
+    = None,
+    timezone: Annotated[str | None, typer.Option(help="Time zone of the schedules, e.g. Europe/Berlin "
+                                                     "(default: the file's, UTC).")] = None,
+    limit: Annotated[int | None, typer.Option(help="Most flow runs at once in this process.")] = None,
+) -> None:
+    """Serve every deployment (nightly schedule, manual pipeline/stage/evaluate runs) from this process.
+
+    Runs appear in the Prefect UI of PREFECT_API_URL. Stopping this process pauses the schedules."""
+    for key, value in PREFECT_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+    from codemill.flows.serve import DEFAULT_PREFECT_FILE
+    from codemill.flows.serve import serve as serve_deployments
+
+    serve_deployments(prefect_file or DEFAULT_PREFECT_FILE, timezone, limit)
+
+
 if __name__ == "__main__":
     app()

@@ -11,6 +11,7 @@ from prefect.runtime import flow_run
 from codemill.config import PipelineConfig
 from codemill.flows.common import flow_run_url, open_flow_run
 from codemill.flows.evaluation import evaluate_model, gate_against_champion, scores_of
+from codemill.flows.hooks import record_failure_on_mlflow
 from codemill.store import MANIFEST, ArtifactRef, ArtifactStore, Manifest
 from codemill.tasks.models import resolve_model
 
@@ -35,7 +36,8 @@ def _run_name() -> str:
     return f"evaluate-{flow_run.parameters.get('model', 'model')[:40]}-{datetime.now(UTC):%Y%m%d-%H%M%S}"
 
 
-@flow(name="evaluate", flow_run_name=_run_name, persist_result=True, log_prints=True)
+@flow(name="evaluate", flow_run_name=_run_name, persist_result=True, log_prints=True,
+      on_failure=[record_failure_on_mlflow], on_crashed=[record_failure_on_mlflow])
 def evaluate(model: str, config: PipelineConfig = PipelineConfig(), corpus: str | None = None,  # noqa: B008
              samples_file: str | None = None) -> dict[str, Any]:
     """Evaluate ``model`` on ``config.evaluate.suites``; gate it against the champion when ``config.gate``
