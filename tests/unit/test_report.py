@@ -1,0 +1,41 @@
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from codemill.config import PipelineConfig
+from codemill.flows.hooks import run_name_from, run_tags
+from codemill.report import eval_report_markdown, ingest_table, loss_curve_png
+
+
+def test_run_name_says_what_ran_on_what_and_when():
+    cfg = PipelineConfig(name="exp")
+    cfg.train.max_steps = 7
+    now = datetime(2026, 12, 3, 2, 0, 5, tzinfo=UTC)
+    name = run_name_from("pipeline", {"config": cfg, "until": "ingest"}, now)
+    assert name == "exp-pipeline-until-ingest-s7-20261203-020005"
+    assert run_name_from("nightly", {"config": cfg.model_dump(mode="json")}, now) == "exp-nightly-s7-20261203-020005"
+    assert {"codemill", "flow:nightly", "experiment:exp"} <= set(run_tags("nightly", {"config": cfg}))
+
+
+def test_eval_report_lists_scores_with_ci_and_verdict():
+    md = eval_report_markdown("run-1", {"val_bpb": 2.5, "val_bpb_ci_low": 2.4, "val_bpb_ci_high": 2.6, "em": 0.1},
+                              {"verdict": "promote", "reason": "better", "registered_model": "m", "alias": "champion",
+                               "champion_version": "3"}, {"MLflow run": "http://x/#/runs/1"})
+    assert "| val_bpb | 2.5000 | 2.4000 - 2.6000 |" in md
+    assert "| em | 0.1000 |  |" in md
+    assert "val_bpb_ci_low |" not in md
+    assert "**Gate verdict: promote**" in md and "http://x/#/runs/1" in md
+    assert "Gate: not run." in eval_report_markdown("r", {}, None, {})
+
+
+def test_ingest_table_counts_every_reason():
+    rows = ingest_table({"files_seen": 10, "files_kept": 6, "rejected_by_reason": {"near_duplicate": 1, "binary": 3},
+                         "redactions": {"email": 2}, "redacted_files": 1, "decontamination": {"dropped": [{}]}})
+    table = {r["count"]: r["value"] for r in rows}
+    assert table == {"files seen": 10, "files kept": 6, "rejected: binary": 3, "rejected: near_duplicate": 1,
+                     "files redacted": 1, "redacted: email": 2, "decontaminated": 1}
+
+
+def test_loss_curve_is_a_png():
+    png = loss_curve_png([5.0, 4.0, 3.5], {"2": 4.2})
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 1000
