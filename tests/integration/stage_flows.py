@@ -13,8 +13,6 @@ from prefect.runtime import flow_run
 
 from codemill.config import PipelineConfig
 from codemill.flows.common import open_flow_run, run_stage_task
-from codemill.hashing import sha256_file
-from codemill.store import MANIFEST, ArtifactStore, IncompleteArtifactError, Manifest
 from codemill.tasks.ingest import fingerprint_sources_task, ingest_task, plan_ingest
 from codemill.tasks.tokenize import plan_tokenize, plan_tokenizer, tokenize_task, tokenizer_task
 
@@ -33,22 +31,6 @@ def data_stages(config: PipelineConfig) -> dict[str, dict]:
     lineage.end_run(ctx.parent_run_id)
     return {"ingest": corpus.ref.model_dump(), "tokenizer": tokenizer.ref.model_dump(),
             "tokenize": tokens.ref.model_dump()}
-
-
-def verify_store(root: str) -> int:
-    """Every committed manifest's files exist with their recorded sha256; returns how many artifacts."""
-    store = ArtifactStore(root)
-    n = 0
-    for path in sorted(Path(root).glob(f"*/*/{MANIFEST}")):
-        m = Manifest.model_validate_json(path.read_text())
-        ref = store.ref(m.stage, m.name, m.digest)
-        store.read_manifest(ref)  # it sits where its digest says
-        for entry in m.files:
-            f = store.local_path(ref) / entry.path
-            if not f.is_file() or sha256_file(f) != entry.sha256:
-                raise IncompleteArtifactError(f"{f}: missing, or its sha256 differs from the manifest")
-        n += 1
-    return n
 
 
 if __name__ == "__main__":

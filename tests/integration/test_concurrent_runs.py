@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 from prefect.settings import PREFECT_API_URL
 
+from codemill.store import ArtifactStore
 from tests.integration.helpers import small_pipeline_config
-from tests.integration.stage_flows import verify_store
+from tests.integration.store_checks import committed_artifacts, use_s3
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_harness")]
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,24 +37,15 @@ def test_two_concurrent_runs_on_one_store(small_corpus: Path, tmp_path: Path) ->
         results.append(json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[7:]))
     assert results[0] == results[1]
     store = tmp_path / "store"
-    assert verify_store(str(store)) >= 4  # corpus, chunks, tokenizer, tokens
-    leftovers = [p for p in store.glob("*/.staging-*")] + [p for p in store.glob("*/*") if p.is_dir() and
-                                                            not (p / "manifest.json").exists()]
+    assert len(committed_artifacts(ArtifactStore(str(store)))) >= 4  # corpus, chunks, tokenizer, tokens
+    leftovers = list(store.glob("*/.staging-*"))  # neither run left (or deleted the other's) staging
     assert leftovers == []
 
 
 def test_s3_commits_are_write_once(s3_endpoint: str, tmp_path: Path, monkeypatch) -> None:
     """No lock on S3: the first manifest wins, a later writer of the same digest leaves it (and its payload)
     alone, and an upload in progress (files, no manifest yet) is never deleted by another writer."""
-    import boto3
-
-    from codemill.store import ArtifactStore
-
-    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-                 "AWS_ENDPOINT_URL": s3_endpoint}.items():
-        monkeypatch.setenv(k, v)
-    boto3.client("s3", endpoint_url=s3_endpoint).create_bucket(Bucket="codemill-once")
-    store = ArtifactStore("s3://codemill-once/store", cache_dir=tmp_path / "cache")
+    store = ArtifactStore(use_s3(monkeypatch, s3_endpoint, "codemill-once"), cache_dir=tmp_path / "cache")
     ref = store.ref("stage", "thing", "ab" * 32)
     with store.fs.open(f"{ref.uri}/other-run-uploading.bin", "wb") as fh:  # another run mid-upload
         fh.write(b"theirs")
