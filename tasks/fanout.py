@@ -6,6 +6,8 @@ flow started with ``task_runner=RayTaskRunner(...)`` runs every unit on a Ray wo
 stays in the flow process and owns the artifact writer. Units only go through Prefect when the flow's runner is
 a ``RayTaskRunner``: on the default thread pool they run in-process exactly as before, with no task run per
 chunk. Results are returned in unit order, never completion order, so the artifacts are byte-identical either way.
+All units are submitted at once, so their results sit in Ray's object store until the stage consumes them in
+order: size ``chunk_files`` / corpus shards so that a stage's units fit there.
 """
 
 from __future__ import annotations
