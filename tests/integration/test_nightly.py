@@ -1,0 +1,31 @@
+"""The nightly flow: the first night trains from scratch and is promoted; the next fine-tunes from it."""
+
+from __future__ import annotations
+
+import pytest
+
+from codemill.store import ArtifactRef, ArtifactStore
+from tests.integration.helpers import small_pipeline_config
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_harness")]
+
+
+def test_second_night_fine_tunes_from_the_first_nights_champion(small_corpus, tmp_path):
+    from codemill.flows.nightly import champion_start, nightly
+
+    cfg = small_pipeline_config(small_corpus, tmp_path, max_steps=3)
+    cfg.evaluate.suites = ["bpb"]
+    assert champion_start(cfg) is None
+    first = nightly(config=cfg)
+    assert first["gate"]["verdict"] == "promote"  # the first evaluated model becomes champion
+    champion_dir = champion_start(cfg)
+    assert champion_dir is not None
+
+    second = nightly(config=cfg)
+    store = ArtifactStore(cfg.store_root)
+    train = store.read_manifest(ArtifactRef.model_validate(second["stages"]["train"]["ref"]))
+    assert train.config["init_from"] == champion_dir
+    tokenizer = store.read_manifest(ArtifactRef.model_validate(second["stages"]["tokenizer"]["ref"]))
+    assert tokenizer.config["base_tokenizer"] == champion_dir  # the champion's tokenizer: same token ids
+    assert second["model_id"] != first["model_id"]
+    assert second["gate"]["verdict"] in {"promote", "hold", "regression"}
