@@ -1,0 +1,33 @@
+"""A small two-model pipeline run shared by the lineage CLI and MLflow UI tests (one run per session)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.helpers import small_pipeline_config
+
+
+def two_model_runs(corpus: Path, tmp: Path) -> dict[str, Any]:
+    """Two pipeline runs on one store and tracking DB: the same data, models trained with different seeds/steps.
+    Evaluation is cut to bpb + completion on a few files (humaneval has its own tests)."""
+    from codemill.flows.pipeline import pipeline
+
+    cfg = small_pipeline_config(corpus, tmp, max_steps=3)
+    cfg.evaluate.suites = ["bpb", "completion"]
+    cfg.evaluate.bpb.max_files = 12
+    cfg.evaluate.completion.max_files = 8
+    cfg.evaluate.completion.max_new_tokens = 8
+    cfg.evaluate.bootstrap_samples = 100
+    first = pipeline(config=cfg)
+    cfg_b = cfg.model_copy(deep=True)
+    cfg_b.train.seed, cfg_b.train.max_steps = cfg.train.seed + 1, 4
+    second = pipeline(config=cfg_b)
+    return {"cfg": cfg, "tmp": tmp, "first": first, "second": second}
+
+
+@pytest.fixture(scope="session")
+def lineage_runs(prefect_harness, small_corpus, tmp_path_factory) -> dict[str, Any]:
+    return two_model_runs(small_corpus, tmp_path_factory.mktemp("lineage"))
