@@ -186,20 +186,11 @@ def lineage(
     tracking_uri: LineageUri = None, as_json: AsJson = False,
 ) -> None:
     """Show the chain eval scores -> checkpoint -> training run -> tokens -> corpus -> sources."""
-    import json
 
     from codemill import lineage_view
 
     client, art_store = _lineage_sources(config, preset, store, tracking_uri)
-    try:
-        tree = lineage_view.lineage_tree(client, art_store, ident)
-    except lineage_view.LineageError as e:
-        console.print(f"[red]error:[/] {e}")
-        raise typer.Exit(2) from e
-    if as_json:
-        typer.echo(json.dumps(tree, indent=2, default=str))
-    else:
-        console.print(lineage_view.render(tree))
+    _show(lambda: lineage_view.lineage_tree(client, art_store, ident), lineage_view.render, as_json)
 
 
 @app.command()
@@ -211,20 +202,29 @@ def compare(
     alpha: Annotated[float, typer.Option(help="Significance level of the verdict.")] = 0.05,
 ) -> None:
     """Paired comparison of two models on the same eval items (the gate's statistics)."""
-    import json
 
     from codemill import lineage_view
 
     client, art_store = _lineage_sources(config, preset, store, tracking_uri)
+    _show(lambda: lineage_view.compare_models(client, art_store, model_a, model_b, alpha),
+          lineage_view.render_comparison, as_json)
+
+
+def _show(build, render, as_json: bool) -> None:
+    """Print what ``build`` returns (rendered, or as JSON); a lineage error is a clean exit code 2."""
+    import json
+
+    from codemill import lineage_view
+
     try:
-        result = lineage_view.compare_models(client, art_store, model_a, model_b, alpha)
+        result = build()
     except lineage_view.LineageError as e:
         console.print(f"[red]error:[/] {e}")
         raise typer.Exit(2) from e
     if as_json:
         typer.echo(json.dumps(result, indent=2, default=str))
     else:
-        console.print(lineage_view.render_comparison(result))
+        console.print(render(result))
 
 
 @app.command()
