@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -27,14 +28,18 @@ def sandbox() -> Sandbox:
     return sb
 
 
-def _processes_matching(marker: str) -> list[str]:
+def _processes_matching(args_pattern: str) -> list[str]:
+    """Live processes whose whole command line matches the pattern (not a substring: other
+    processes on the machine, such as a CI harness's, may run `python3 -I -S -B -c ...`)."""
     out = subprocess.run(["ps", "-eo", "pid,stat,args"], capture_output=True, text=True).stdout
-    return [ln for ln in out.splitlines() if marker in ln and " Z" not in ln and "ps -eo" not in ln]
+    rows = (ln.split(None, 2) for ln in out.splitlines()[1:])
+    return [" ".join(r) for r in rows
+            if len(r) == 3 and not r[1].startswith("Z") and re.fullmatch(args_pattern, r[2])]
 
 
-def _eventually_none(marker: str, timeout: float = 5.0) -> list[str]:
+def _eventually_none(args_pattern: str, timeout: float = 5.0) -> list[str]:
     deadline = time.monotonic() + timeout
-    while (left := _processes_matching(marker)) and time.monotonic() < deadline:
+    while (left := _processes_matching(args_pattern)) and time.monotonic() < deadline:
         time.sleep(0.1)
     return left
 
@@ -49,7 +54,7 @@ def test_ordinary_program_passes_and_failure_is_reported(sandbox):
 def test_fork_bomb_is_capped_and_cleaned_up(sandbox):
     res = sandbox.run("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n")
     assert res.outcome is Outcome.TIMED_OUT
-    assert _eventually_none(" -I -S -B -") == [], "fork-bomb processes outlived the sandbox"
+    assert _eventually_none(r"\S*python\S* -I -S -B -") == [], "fork-bomb processes outlived the sandbox"
     # the host can still start processes
     assert subprocess.run(["true"]).returncode == 0
 
@@ -140,7 +145,7 @@ def test_background_process_does_not_outlive_the_program(sandbox):
     res = sandbox.run(f"import subprocess\nsubprocess.Popen(['sleep', '{marker}'], start_new_session=True)\n"
                       "print('spawned')")
     assert res.outcome is Outcome.PASSED and res.stdout == "spawned\n"
-    assert _eventually_none(f"sleep {marker}") == []
+    assert _eventually_none(rf"sleep {re.escape(marker)}") == []
 
 
 def test_killing_the_parent_is_contained(sandbox):
