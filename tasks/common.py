@@ -6,6 +6,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from prefect import task
 from prefect.context import TaskRunContext
 from pydantic import BaseModel, Field
 
@@ -61,6 +62,13 @@ def artifact_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> s
     ref: ArtifactRef = parameters["ref"]
     ctx: RunContext = parameters["ctx"]
     return f"codemill-{ref.stage}-{ref.digest}-{ArtifactStore(ctx.store_root).root_url.rstrip('/')}"
+
+
+def stage_task(name: str, **options: Any) -> Callable[[Callable[..., StageResult]], Any]:
+    """The Prefect task of a stage that commits an artifact: cached on the artifact digest, its result persisted
+    (not held in memory), retried only when a server did not answer. ``options`` add to these (e.g. a run name)."""
+    return task(name=name, cache_key_fn=artifact_cache_key, persist_result=True, cache_result_in_memory=False,
+                retry_condition_fn=retry_on_server_error, **SERVER_RETRIES, **options)
 
 
 Producer = Callable[[ArtifactWriter, str], Manifest]  # (writer, stage run id)

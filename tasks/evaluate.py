@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from prefect import get_run_logger, task
+from prefect import get_run_logger
 
 from codemill import progress
 from codemill.config import EvalConfig
@@ -15,14 +15,7 @@ from codemill.evals import suites
 from codemill.hashing import sha256_file, stage_digest
 from codemill.lineage import Lineage
 from codemill.store import ArtifactRef, ArtifactStore, ArtifactWriter, Manifest
-from codemill.tasks.common import (
-    SERVER_RETRIES,
-    RunContext,
-    StageResult,
-    artifact_cache_key,
-    retry_on_server_error,
-    run_stage,
-)
+from codemill.tasks.common import RunContext, StageResult, run_stage, stage_task
 from codemill.tasks.models import ResolvedModel
 
 STAGE = "evaluate"
@@ -87,9 +80,7 @@ def _clusters(store: ArtifactStore, corpus: ArtifactRef, val) -> list[str]:
     return [split_key(r, p, unit) for r, p in zip(val["repo"], val["path"], strict=True)]
 
 
-@task(name="evaluate", cache_key_fn=artifact_cache_key, persist_result=True, cache_result_in_memory=False,
-      retry_condition_fn=retry_on_server_error, **SERVER_RETRIES,
-      task_run_name="evaluate-{suite}")
+@stage_task("evaluate", task_run_name="evaluate-{suite}")
 def evaluate_suite_task(ref: ArtifactRef, ctx: RunContext, suite: str, cfg: EvalConfig, model: ResolvedModel,
                         corpus: ArtifactRef | None, samples_file: str | None = None) -> StageResult:
     logger = get_run_logger()

@@ -16,14 +16,7 @@ from codemill.hashing import digest_of, stage_digest
 from codemill.lineage import Lineage
 from codemill.store import ArtifactRef, ArtifactStore, ArtifactWriter, Manifest
 from codemill.tasks import fanout
-from codemill.tasks.common import (
-    SERVER_RETRIES,
-    RunContext,
-    StageResult,
-    artifact_cache_key,
-    retry_on_server_error,
-    run_stage,
-)
+from codemill.tasks.common import RunContext, StageResult, run_stage, stage_task
 
 STAGE = "ingest"
 CHUNK_STAGE = "ingest-chunks"
@@ -128,8 +121,7 @@ def _record(sources: list[dict]):
     return record
 
 
-@task(name="ingest", cache_key_fn=artifact_cache_key, persist_result=True, cache_result_in_memory=False,
-      retry_condition_fn=retry_on_server_error, **SERVER_RETRIES)
+@stage_task("ingest")
 def ingest_task(ref: ArtifactRef, ctx: RunContext, cfg: IngestConfig, sources: list[dict]) -> StageResult:
     logger = get_run_logger()
     store = ctx.store()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from prefect import get_run_logger, task
+from prefect import get_run_logger
 
 from codemill import progress
 from codemill.config import TokenizeConfig
@@ -14,14 +14,7 @@ from codemill.hashing import stage_digest
 from codemill.lineage import Lineage
 from codemill.store import ArtifactRef, ArtifactStore, ArtifactWriter, Manifest
 from codemill.tasks import fanout
-from codemill.tasks.common import (
-    SERVER_RETRIES,
-    RunContext,
-    StageResult,
-    artifact_cache_key,
-    retry_on_server_error,
-    run_stage,
-)
+from codemill.tasks.common import RunContext, StageResult, run_stage, stage_task
 from codemill.tasks.models import folder_digest
 
 TOKENIZER_KEYS = ("base_tokenizer", "vocab_size", "min_frequency")
@@ -62,8 +55,7 @@ def _record(inputs: dict[str, ArtifactRef], metric_keys: tuple[str, ...]):
     return record
 
 
-@task(name="tokenizer", cache_key_fn=artifact_cache_key, persist_result=True, cache_result_in_memory=False,
-      retry_condition_fn=retry_on_server_error, **SERVER_RETRIES)
+@stage_task("tokenizer")
 def tokenizer_task(ref: ArtifactRef, ctx: RunContext, cfg: TokenizeConfig, corpus: ArtifactRef) -> StageResult:
     store = ctx.store()
 
@@ -78,8 +70,7 @@ def tokenizer_task(ref: ArtifactRef, ctx: RunContext, cfg: TokenizeConfig, corpu
                      lambda m: {"vocab_size": m.stats["vocab_size"], "source": m.stats["source"]})
 
 
-@task(name="tokenize", cache_key_fn=artifact_cache_key, persist_result=True, cache_result_in_memory=False,
-      retry_condition_fn=retry_on_server_error, **SERVER_RETRIES)
+@stage_task("tokenize")
 def tokenize_task(ref: ArtifactRef, ctx: RunContext, cfg: TokenizeConfig, corpus: ArtifactRef,
                   tokenizer: ArtifactRef) -> StageResult:
     logger = get_run_logger()

@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from prefect import get_run_logger, task
+from prefect import get_run_logger
 
 from codemill import progress
 from codemill.config import TrainConfig
@@ -17,14 +17,7 @@ from codemill.lineage import Lineage, mlflow_digest
 from codemill.models.launch import run_streaming, threads_per_rank, torchrun_command
 from codemill.models.trainer import STACK_DUMP_ENV, TrainSpec
 from codemill.store import ArtifactRef, ArtifactStore, ArtifactWriter, Manifest
-from codemill.tasks.common import (
-    SERVER_RETRIES,
-    RunContext,
-    StageResult,
-    artifact_cache_key,
-    retry_on_server_error,
-    run_stage,
-)
+from codemill.tasks.common import RunContext, StageResult, run_stage, stage_task
 
 STAGE = "train"
 TRAIN_CODE_VERSION = "train-v2"
@@ -56,8 +49,7 @@ def _record(store: ArtifactStore, tokens: ArtifactRef):
     return record
 
 
-@task(name="train", cache_key_fn=artifact_cache_key, persist_result=True, cache_result_in_memory=False,
-      retry_condition_fn=retry_on_server_error, **SERVER_RETRIES)
+@stage_task("train")
 def train_task(ref: ArtifactRef, ctx: RunContext, cfg: TrainConfig, tokens: ArtifactRef,
                tokenizer: ArtifactRef) -> StageResult:
     logger = get_run_logger()
