@@ -73,11 +73,12 @@ def run_streaming(cmd: list[str], env: dict[str, str], timeout_s: float,
         raise TrainingFailed(f"torchrun exited with code {rc}. Last output:\n" + "\n".join(tail))
 
 
-def kill_group(proc: subprocess.Popen) -> None:
+def kill_group(proc: subprocess.Popen, sig: signal.Signals = signal.SIGTERM, grace_s: float = 10) -> None:
+    """Send ``sig`` to the process group, SIGKILL it after ``grace_s`` if it has not exited; reaps it."""
     try:
-        os.killpg(proc.pid, signal.SIGTERM)
+        os.killpg(proc.pid, sig)
         try:
-            proc.wait(timeout=10)
+            proc.wait(timeout=grace_s)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()

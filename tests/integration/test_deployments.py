@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from codemill.models.launch import kill_group
 from codemill.store import ArtifactStore
 from tests.integration.helpers import small_pipeline_config
 
@@ -76,11 +77,7 @@ def test_serve_registers_schedule_and_runs_a_triggered_deployment(small_corpus, 
                                              filter_string=f"tags.`{TAG_FLOW_RUN}` = '{run.id}'")
         assert [p.info.status for p in parents] == ["FINISHED"]
     finally:
-        os.killpg(proc.pid, signal.SIGINT)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+        kill_group(proc, signal.SIGINT, grace_s=30)  # SIGINT: serve shuts down and pauses its schedules
 
 
 def test_failed_flow_run_is_recorded_on_its_mlflow_run(small_corpus, tmp_path):
