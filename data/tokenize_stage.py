@@ -7,7 +7,6 @@ sentinels). tokenize: stream the train shards, apply FIM, encode each shard with
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from functools import partial
@@ -19,7 +18,13 @@ from tokenizers import Tokenizer
 from codemill.config import TokenizeConfig
 from codemill.data import fim
 from codemill.data.pack import Packer, ShardWriter, token_dtype
-from codemill.data.tokenizer import prepare_base_tokenizer, save_tokenizer, train_bpe
+from codemill.data.tokenizer import (
+    load_tokenizer,
+    load_tokenizer_info,
+    prepare_base_tokenizer,
+    save_tokenizer,
+    train_bpe,
+)
 
 TOKENIZER_CODE_VERSION = "tokenizer-v2"
 TOKENIZE_CODE_VERSION = "tokenize-v2"
@@ -79,8 +84,7 @@ class EncodedShard:
 
 def encode_shard(shard: Path, tokenizer_dir: Path, cfg: TokenizeConfig) -> EncodedShard:
     """Encode one train shard in batches. Pure: the same shard gives the same ids wherever it runs."""
-    info = json.loads((tokenizer_dir / "tokenizer_info.json").read_text())
-    encoder = DocumentEncoder(Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json")), info, cfg)
+    encoder = DocumentEncoder(load_tokenizer(tokenizer_dir), load_tokenizer_info(tokenizer_dir), cfg)
     df = pl.read_parquet(shard, columns=["content", "sha256", "bytes"])
     docs, n_fim = [], 0
     for start in range(0, df.height, cfg.batch_size):
@@ -95,8 +99,8 @@ def run_tokenize(cfg: TokenizeConfig, corpus_dir: Path, tokenizer_dir: Path, out
                  progress: Callable[[int, int], None] | None = None, mapper: Mapper | None = None) -> dict:
     """Encode shards (through ``mapper``, e.g. on Ray workers) and pack them in shard order, so the packed rows
     do not depend on where or in which order the shards were encoded."""
-    info = json.loads((tokenizer_dir / "tokenizer_info.json").read_text())
-    tok = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
+    info = load_tokenizer_info(tokenizer_dir)
+    tok = load_tokenizer(tokenizer_dir)
     writer = ShardWriter(out_dir / "train", cfg.seq_len, token_dtype(info["vocab_size"]), cfg.sequences_per_shard)
     packer = Packer(info["eos_id"], cfg.seq_len)
     shards = train_shards(corpus_dir)

@@ -67,3 +67,8 @@ def save_fast_tokenizer(fast, out_dir: Path, source: str) -> dict:
 
 def load_tokenizer(tok_dir: Path) -> Tokenizer:
     return Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
+
+
+def load_tokenizer_info(tok_dir: Path) -> dict:
+    """The ids the stages need (vocab size, eos/pad/bos, FIM sentinels), as ``save_*`` wrote them."""
+    return json.loads((tok_dir / "tokenizer_info.json").read_text())
