@@ -109,15 +109,14 @@ def _manifest(store: ArtifactStore, digest: str) -> Manifest | None:
 
 def _sources(m: Manifest, run) -> list[Node]:
     """The ingest's sources: from the manifest (root, repo, kind, fingerprint, commit), else the run's tags."""
+    keys = ("root", "repo", "kind", "fingerprint", "commit")
     rows = m.stats.get("source_fingerprints") or []
     if not rows and run is not None:
         tags = run.data.tags
         i = 0
         while f"codemill.source.{i}.root" in tags:
-            rows.append({k: tags.get(f"codemill.source.{i}.{k}") for k in ("root", "repo", "kind", "fingerprint",
-                                                                          "commit")})
+            rows.append({k: tags.get(f"codemill.source.{i}.{k}") for k in keys})
             i += 1
-    keys = ("root", "repo", "kind", "fingerprint", "commit")
     return [node("source", str(s.get("root")), {k: s.get(k) for k in keys if s.get(k) is not None}) for s in rows]
 
 
@@ -263,7 +262,7 @@ def compare_models(client: MlflowClient, store: ArtifactStore, model_a: str, mod
         pair = _paired(ea[suite], eb[suite])
         if pair is None:
             continue
-        rows = [pl.read_parquet(store.local_path(store.ref(m.stage, m.name, m.digest)) / "rows" / f"{suite}.parquet")
+        rows = [pl.read_parquet(store.local_path(store.ref(m.stage, m.name, m.digest)) / suites.rows_file(suite))
                 for m in pair]
         scores_a |= suites.item_scores(suite, rows[0])
         scores_b |= suites.item_scores(suite, rows[1])

@@ -156,6 +156,12 @@ def score_humaneval(samples: list[dict], problems: dict[str, he.Problem], cfg: E
     return pl.DataFrame(rows_all), summary
 
 
+def rows_file(suite: str) -> str:
+    """Where an evaluate artifact keeps its per-item rows (relative to the artifact): the gate, the lineage
+    comparison and the MLflow run all read this one file."""
+    return f"rows/{suite}.parquet"
+
+
 # --- the gate's view of the rows ------------------------------------------------------------------------
 def item_scores(suite: str, rows: pl.DataFrame) -> dict[str, ItemScores]:
     ids, clusters = rows["item_id"].to_numpy(), rows["cluster"].to_numpy()

@@ -69,7 +69,7 @@ def _record(store: ArtifactStore, suite: str, model: ResolvedModel, data: Artifa
                              "codemill.model_digest": model.ref.digest})
         if suite == "humaneval" and m.stats.get("unsafe_no_sandbox"):
             lineage.tag(run_id, {"codemill.eval.unsafe_no_sandbox": "true"})
-        rows = store.local_path(store.ref(m.stage, m.name, m.digest)) / "rows" / f"{suite}.parquet"
+        rows = store.local_path(store.ref(m.stage, m.name, m.digest)) / suites.rows_file(suite)
         lineage.client.log_artifact(run_id, str(rows), "rows")
         return {"model_id": model.model_id}
     return record
@@ -97,7 +97,7 @@ def evaluate_suite_task(ref: ArtifactRef, ctx: RunContext, suite: str, cfg: Eval
             m = suites.load_eval_model(Path(model.hf_dir))
             run = suites.run_bpb if suite == "bpb" else suites.run_completion
             rows, summary = run(m, val, clusters, cfg)
-        rows.write_parquet(w.path(f"rows/{suite}.parquet"))
+        rows.write_parquet(w.path(suites.rows_file(suite)))
         logger.info("evaluate %s: %s", suite, metrics_of(summary))
         return w.finish(code_version=suites.SUITE_VERSIONS[suite], config=cfg.digest_config(),
                         inputs={"model": model.ref, "data": data},
@@ -122,4 +122,4 @@ def _humaneval(w: ArtifactWriter, cfg: EvalConfig, model: ResolvedModel, samples
 def load_rows(ctx: RunContext, result: StageResult) -> Any:
     import polars as pl
 
-    return pl.read_parquet(ctx.store().local_path(result.ref) / "rows" / f"{result.ref.name}.parquet")
+    return pl.read_parquet(ctx.store().local_path(result.ref) / suites.rows_file(result.ref.name))
