@@ -54,6 +54,15 @@ def small_corpus(tmp_path_factory) -> Path:
     return make_small_corpus(tmp_path_factory.mktemp("corpus") / "pystd-small")
 
 
+def free_port() -> int:
+    """A port nothing listens on now (the OS picks it; a server started next binds it)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def start_moto_server(extra_env: dict[str, str] | None = None):
     """A real ``moto.server`` subprocess on a free port (S3 over HTTP, as s3fs talks to AWS)."""
     import socket
@@ -61,9 +70,7 @@ def start_moto_server(extra_env: dict[str, str] | None = None):
     import sys
     import time
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-p", str(port)], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, env={**os.environ, **(extra_env or {})})
     deadline = time.monotonic() + 30
@@ -81,14 +88,6 @@ def s3_endpoint():
     yield url
     proc.terminate()
     proc.wait(timeout=10)
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class MlflowServer:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 import requests
 from mlflow.exceptions import MlflowException
@@ -11,6 +9,7 @@ from prefect.states import Failed
 
 from codemill.lineage import Lineage, TrackingServerUnavailable
 from codemill.tasks.common import retry_on_server_error
+from tests.conftest import free_port
 
 
 def _chained() -> BaseException:
@@ -35,8 +34,6 @@ def test_retries_only_server_errors(exc, retry):
 
 
 def test_dead_tracking_server_is_named_at_once():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        uri = f"http://127.0.0.1:{s.getsockname()[1]}"
+    uri = f"http://127.0.0.1:{free_port()}"
     with pytest.raises(TrackingServerUnavailable, match=f"MLflow tracking server {uri} is unreachable"):
         Lineage(uri, "x")
