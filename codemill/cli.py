@@ -58,23 +58,67 @@ def build_config(config: Path | None, preset: str, sources: list[Path] | None, s
     return cfg
 
 
+ConfigOpt = Annotated[Path | None, typer.Option(help="Pipeline config YAML (overrides --preset).")]
+SourceOpt = Annotated[list[Path] | None, typer.Option(help="Source folder(s); repeatable.")]
+PresetOpt = Annotated[str, typer.Option(help=f"Preset name: {', '.join(preset_names())}.")]
+StoreOpt = Annotated[str | None, typer.Option(help="Artifact store root (path or fsspec URL).")]
+UntilOpt = Annotated[str, typer.Option(help="Stop after this stage: ingest, tokenize, train or evaluate.")]
+
+
+def _check_until(until: str) -> None:
+    from codemill.flows.plan import PHASES
+
+    if until not in PHASES:
+        raise typer.BadParameter(f"{until!r} is not a stage; choose one of {', '.join(PHASES)}",
+                                 param_hint="--until")
+
+
 @app.command()
-def run(
-    config: Annotated[Path | None, typer.Option(help="Pipeline config YAML (overrides --preset).")] = None,
-    source: Annotated[list[Path] | None, typer.Option(help="Source folder(s); repeatable.")] = None,
-    preset: Annotated[str, typer.Option(help=f"Preset name: {', '.join(preset_names())}.")] = "tiny",
-    store: Annotated[str | None, typer.Option(help="Artifact store root (path or fsspec URL).")] = None,
-) -> None:
-    """Run the whole pipeline: ingest -> tokenize -> train -> evaluate."""
+def run(config: ConfigOpt = None, source: SourceOpt = None, preset: PresetOpt = "tiny", store: StoreOpt = None,
+        until: UntilOpt = "evaluate") -> None:
+    """Run the pipeline: ingest -> tokenize -> train -> evaluate -> gate (or stop after ``--until``)."""
     cfg = build_config(config, preset, source, store)
+    _check_until(until)
     _prefect_defaults(cfg)
     from codemill.flows.common import with_task_runner
     from codemill.flows.pipeline import pipeline
 
     t0 = time.perf_counter()
     with _progress():
-        out = with_task_runner(pipeline, cfg)(config=cfg)
+        out = with_task_runner(pipeline, cfg)(config=cfg, until=until)
     print_summary(out, time.perf_counter() - t0)
+
+
+@app.command()
+def plan(config: ConfigOpt = None, source: SourceOpt = None, preset: PresetOpt = "tiny", store: StoreOpt = None,
+         until: UntilOpt = "evaluate", as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+         ) -> None:
+    """Dry run: every stage with its digest, where its artifact lives, and whether it would run or be skipped.
+
+    Reads the sources (to fingerprint them) and the store; writes nothing, starts no MLflow run and needs no
+    Prefect server."""
+    cfg = build_config(config, preset, source, store)
+    _check_until(until)
+    import json
+
+    from codemill.data.ingest import fingerprint_sources
+    from codemill.flows.plan import describe, plan_pipeline
+    from codemill.store import ArtifactStore
+
+    art_store = ArtifactStore(cfg.store_root, cache_dir=f"{cfg.work_dir}/cache")
+    rows = describe(plan_pipeline(cfg, fingerprint_sources(cfg.ingest), art_store, until), art_store)
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    table = Table(title=f"codemill plan (store {cfg.store_root}, until {until})")
+    for col in ("step", "digest", "action", "artifact"):
+        table.add_column(col, overflow="fold")
+    for row in rows:
+        table.add_row(row["step"], row["digest"][:12], row["action"], row["uri"])
+    console.print(table)
+    if until == "evaluate" and cfg.gate.enabled:
+        console.print(f"then: gate against {cfg.gate.registered_model or cfg.name}@{cfg.gate.alias} "
+                      "(the champion is looked up when the run gets there)")
 
 
 def _prefect_defaults(cfg: PipelineConfig) -> None:
@@ -162,14 +206,13 @@ def presets() -> None:
 
 
 def _lineage_sources(config: Path | None, preset: str, store: str | None, tracking_uri: str | None):
-    """MlflowClient + ArtifactStore from the same config `run` uses (options override it)."""
-    from mlflow import MlflowClient
-
+    """The MLflow reader + ArtifactStore from the same config `run` uses (options override it)."""
+    from codemill.lineage_read import LineageReader
     from codemill.store import ArtifactStore
 
     cfg = build_config(config, preset, None, store)
     uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or cfg.mlflow_tracking_uri
-    return MlflowClient(tracking_uri=uri, registry_uri=uri), ArtifactStore(cfg.store_root)
+    return LineageReader(uri), ArtifactStore(cfg.store_root)
 
 
 LineageConfig = Annotated[Path | None, typer.Option(help="Pipeline config YAML (overrides --preset).")]
@@ -189,8 +232,8 @@ def lineage(
 
     from codemill import lineage_view
 
-    client, art_store = _lineage_sources(config, preset, store, tracking_uri)
-    _show(lambda: lineage_view.lineage_tree(client, art_store, ident), lineage_view.render, as_json)
+    reader, art_store = _lineage_sources(config, preset, store, tracking_uri)
+    _show(lambda: lineage_view.lineage_tree(reader, art_store, ident), lineage_view.render, as_json)
 
 
 @app.command()
@@ -203,22 +246,21 @@ def compare(
 ) -> None:
     """Paired comparison of two models on the same eval items (the gate's statistics)."""
 
-    from codemill import lineage_view
+    from codemill.evals import compare as cmp
 
-    client, art_store = _lineage_sources(config, preset, store, tracking_uri)
-    _show(lambda: lineage_view.compare_models(client, art_store, model_a, model_b, alpha),
-          lineage_view.render_comparison, as_json)
+    reader, art_store = _lineage_sources(config, preset, store, tracking_uri)
+    _show(lambda: cmp.compare_models(reader, art_store, model_a, model_b, alpha), cmp.render_comparison, as_json)
 
 
 def _show(build, render, as_json: bool) -> None:
     """Print what ``build`` returns (rendered, or as JSON); a lineage error is a clean exit code 2."""
     import json
 
-    from codemill import lineage_view
+    from codemill.lineage_read import LineageError
 
     try:
         result = build()
-    except lineage_view.LineageError as e:
+    except LineageError as e:
         console.print(f"[red]error:[/] {e}")
         raise typer.Exit(2) from e
     if as_json:

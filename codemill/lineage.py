@@ -18,21 +18,19 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mlflow
 from mlflow import MlflowClient
 from mlflow.entities import DatasetInput, InputTag, LoggedModelInput, LoggedModelOutput, Metric, RunStatus
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
 
-from codemill.store import ArtifactRef
+from codemill import tags as T
+from codemill.store import ArtifactRef, Manifest
 
-TAG_STAGE = "codemill.stage"
-TAG_DIGEST = "codemill.digest"
-TAG_OUTPUT_DIGEST = "codemill.output_digest"
-TAG_OUTPUT_URI = "codemill.output_uri"
-TAG_FLOW_RUN = "prefect.flow_run_id"
-TAG_FLOW_RUN_URL = "prefect.flow_run_url"
+if TYPE_CHECKING:
+    from codemill.plan import StagePlan
+
 MAX_TAG = 5000
 MLFLOW_DIGEST_CHARS = 32  # MLflow caps dataset digests at 36 chars; 32 hex = 128 bits of the sha256
 
@@ -82,11 +80,11 @@ class Lineage:
     # --- runs -------------------------------------------------------------------------------------------
     def start_parent(self, name: str, flow_run_id: str | None, flow_run_url: str | None,
                      config: dict[str, Any]) -> str:
-        tags = {MLFLOW_RUN_NAME: name, TAG_STAGE: "pipeline"}
+        tags = {MLFLOW_RUN_NAME: name, T.STAGE: "pipeline"}
         if flow_run_id:
-            tags[TAG_FLOW_RUN] = flow_run_id
+            tags[T.FLOW_RUN] = flow_run_id
         if flow_run_url:
-            tags[TAG_FLOW_RUN_URL] = flow_run_url
+            tags[T.FLOW_RUN_URL] = flow_run_url
         run = self.client.create_run(self.experiment_id, tags=tags, run_name=name)
         self.client.log_dict(run.info.run_id, config, "pipeline_config.json")
         return run.info.run_id
@@ -97,7 +95,7 @@ class Lineage:
 
     @contextmanager
     def stage_run(self, parent_run_id: str | None, stage: str, digest: str) -> Iterator[str]:
-        tags = {TAG_STAGE: stage, TAG_OUTPUT_DIGEST: digest, MLFLOW_RUN_NAME: stage}
+        tags = {T.STAGE: stage, T.OUTPUT_DIGEST: digest, MLFLOW_RUN_NAME: stage}
         if parent_run_id:
             tags[MLFLOW_PARENT_RUN_ID] = parent_run_id
         run_id = self.client.create_run(self.experiment_id, tags=tags, run_name=stage).info.run_id
@@ -131,7 +129,37 @@ class Lineage:
             columns = {k: [r.get(k) for r in rows] for k in rows[0]}
             self.client.log_table(run_id, data=columns, artifact_file=artifact_file)
 
-    # --- datasets ---------------------------------------------------------------------------------------
+    def log_text(self, run_id: str, text: str, artifact_file: str) -> None:
+        self.client.log_text(run_id, text, artifact_file)
+
+    def log_artifact(self, run_id: str, path: str | Path, artifact_path: str | None = None) -> None:
+        self.client.log_artifact(run_id, str(path), artifact_path)
+
+    def record_plan(self, run_id: str, plan: StagePlan, manifest: Manifest, ref: ArtifactRef) -> None:
+        """What every stage run records, all from its plan: the hashed config as params, each input's digest
+        as a tag, where the artifact lives, and the manifest itself."""
+        self.log_params(run_id, {plan.stage: plan.config})
+        self.tag(run_id, {T.OUTPUT_URI: ref.uri, **{T.input_digest(k): v.digest for k, v in plan.inputs.items()}})
+        self.log_json(run_id, manifest.model_dump(mode="json"), "manifest.json")
+
+    def find_stage_run(self, stage: str, digest: str) -> str | None:
+        """The first finished run of this experiment that produced the artifact, if this server has one."""
+        runs = self.client.search_runs(
+            [self.experiment_id],
+            filter_string=f"tags.`{T.OUTPUT_DIGEST}` = '{digest}' and tags.`{T.STAGE}` = '{stage}'"
+                          " and attributes.status = 'FINISHED'",
+            max_results=1, order_by=["attributes.start_time ASC"])
+        return runs[0].info.run_id if runs else None
+
+    def run_tags(self, run_id: str) -> dict[str, str]:
+        return dict(self.client.get_run(run_id).data.tags)
+
+    def flow_runs(self, flow_run_id: str) -> list[str]:
+        """The MLflow parent runs of one Prefect flow run."""
+        runs = self.client.search_runs([self.experiment_id], filter_string=f"tags.`{T.FLOW_RUN}` = '{flow_run_id}'")
+        return [r.info.run_id for r in runs]
+
+    # --- datasets ------------------------------------------------------------------------------------
     @staticmethod
     def dataset(ref: ArtifactRef, name: str | None = None):
         """A metadata-only MLflow dataset whose digest is the store digest and whose source is the URI."""
@@ -147,12 +175,12 @@ class Lineage:
         entity = self.dataset(ref, name)._to_mlflow_entity()
         self.client.log_inputs(run_id, datasets=[
             DatasetInput(dataset=entity, tags=[InputTag(key="mlflow.data.context", value=context)])])
-        self.client.set_tag(run_id, f"codemill.input.{context}.digest", ref.digest)
+        self.client.set_tag(run_id, T.input_digest(context), ref.digest)
 
     # --- models -----------------------------------------------------------------------------------------
     def find_model(self, digest: str) -> str | None:
         found = self.client.search_logged_models(
-            experiment_ids=[self.experiment_id], filter_string=f"tags.`{TAG_DIGEST}` = '{digest}'",
+            experiment_ids=[self.experiment_id], filter_string=f"tags.`{T.DIGEST}` = '{digest}'",
             max_results=1)
         return found[0].model_id if found else None
 
@@ -161,7 +189,7 @@ class Lineage:
         """The checkpoint as a LoggedModel carrying the HF-format model and tokenizer."""
         model = self.client.create_logged_model(
             self.experiment_id, name=f"{ref.name}-{ref.short}", source_run_id=run_id,
-            tags={TAG_DIGEST: ref.digest, TAG_OUTPUT_URI: ref.uri, "codemill.train_data_digest": train_data.digest},
+            tags={T.DIGEST: ref.digest, T.OUTPUT_URI: ref.uri, T.TRAIN_DATA_DIGEST: train_data.digest},
             params={k: str(v) for k, v in flatten(params).items()}, model_type="transformers-causal-lm")
         self.client.log_model_artifacts(model.model_id, str(hf_dir))
         self.client.finalize_logged_model(model.model_id, "READY")
@@ -172,10 +200,26 @@ class Lineage:
         """A LoggedModel that points at weights living elsewhere (no copy): a folder or a store URI."""
         model = self.client.create_logged_model(
             self.experiment_id, name=f"{ref.name}-{ref.short}",
-            tags={TAG_DIGEST: ref.digest, TAG_OUTPUT_URI: ref.uri, "codemill.external_path": str(folder)},
+            tags={T.DIGEST: ref.digest, T.OUTPUT_URI: ref.uri, T.EXTERNAL_PATH: str(folder)},
             model_type="transformers-causal-lm")
         self.client.finalize_logged_model(model.model_id, "READY")
         return model.model_id
+
+    def log_model_metric(self, run_id: str, key: str, value: float, step: int, model_id: str,
+                         dataset: ArtifactRef, dataset_name: str) -> None:
+        """A metric of one LoggedModel measured on one dataset (how the Models tab links them)."""
+        self.client.log_metric(run_id, key, float(value), step=step, model_id=model_id,
+                               dataset_name=dataset_name, dataset_digest=mlflow_digest(dataset.digest))
+
+    def logged_model_tags(self, model_id: str) -> dict[str, str]:
+        return dict(self.client.get_logged_model(model_id).tags)
+
+    def download_model(self, model_id: str, dst: Path) -> None:
+        """A LoggedModel's files (the HF folder) into ``dst``."""
+        import mlflow.artifacts
+
+        location = self.client.get_logged_model(model_id).artifact_location
+        mlflow.artifacts.download_artifacts(artifact_uri=location, dst_path=str(dst), tracking_uri=self.tracking_uri)
 
     def log_eval(self, run_id: str, model_id: str, dataset_ref: ArtifactRef, metrics: dict[str, float],
                  dataset_name: str) -> None:
@@ -183,8 +227,7 @@ class Lineage:
         self.client.log_inputs(run_id, models=[LoggedModelInput(model_id)])
         self.log_dataset_input(run_id, dataset_ref, "eval", name=dataset_name)
         for k, v in metrics.items():
-            self.client.log_metric(run_id, k, float(v), step=0, model_id=model_id,
-                                   dataset_name=dataset_name, dataset_digest=mlflow_digest(dataset_ref.digest))
+            self.log_model_metric(run_id, k, v, 0, model_id, dataset_ref, dataset_name)
 
 
 def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -223,6 +266,6 @@ class Registry:
             self.client.create_registered_model(self.name)
         source = self.client.get_logged_model(model_id).artifact_location  # not models:/, which resolves
         mv = self.client.create_model_version(self.name, source=source, model_id=model_id,  # on the default URI
-                                              tags={**tags, "codemill.model_id": model_id})
+                                              tags={**tags, T.MODEL_ID: model_id})
         self.client.set_registered_model_alias(self.name, self.alias, mv.version)
         return str(mv.version)

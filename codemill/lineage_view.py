@@ -9,17 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from mlflow import MlflowClient
-from mlflow.exceptions import MlflowException
-
-from codemill.lineage import TAG_DIGEST, TAG_OUTPUT_DIGEST, TAG_STAGE
+from codemill import tags as T
+from codemill.lineage_read import LineageError, LineageReader
 from codemill.store import MANIFEST, ArtifactStore, Manifest
 
 Node = dict[str, Any]
-
-
-class LineageError(LookupError):
-    """An id that names nothing, or several things."""
 
 
 def node(kind: str, title: str, attrs: dict[str, Any] | None = None, children: list[Node] | None = None) -> Node:
@@ -52,42 +46,22 @@ def resolve_artifact(store: ArtifactStore, digest_prefix: str) -> Manifest:
     return found[0]
 
 
-def _model_of_digest(client: MlflowClient, digest: str) -> str | None:
-    exps = [e.experiment_id for e in client.search_experiments()]
-    found = client.search_logged_models(exps, filter_string=f"tags.`{TAG_DIGEST}` = '{digest}'", max_results=1)
-    return found[0].model_id if found else None
-
-
-def _get_run(client: MlflowClient, run_id: str):
-    try:
-        return client.get_run(run_id)
-    except MlflowException:
-        return None
-
-
-def _get_model(client: MlflowClient, model_id: str):
-    try:
-        return client.get_logged_model(model_id)
-    except MlflowException as e:
-        raise LineageError(f"no LoggedModel {model_id!r} on {client.tracking_uri}") from e
-
-
-def resolve(client: MlflowClient, store: ArtifactStore, ident: str) -> tuple[str, str]:
+def resolve(reader: LineageReader, store: ArtifactStore, ident: str) -> tuple[str, str]:
     """('model', model_id) or ('artifact', digest) for a LoggedModel id, an MLflow run id, or a digest."""
     ident = ident.strip()
     if ident.startswith("m-"):
-        return "model", _get_model(client, ident).model_id
-    run = _get_run(client, ident) if len(ident) == 32 else None
+        return "model", reader.model(ident).model_id
+    run = reader.run(ident) if len(ident) == 32 else None
     if run is not None:
         tags = run.data.tags
-        if "codemill.model_id" in tags:  # pipeline/evaluate parent, train and evaluate stage runs
-            return "model", tags["codemill.model_id"]
-        if TAG_OUTPUT_DIGEST in tags:
-            return "artifact", tags[TAG_OUTPUT_DIGEST]
+        if T.MODEL_ID in tags:  # pipeline/evaluate parent, train and evaluate stage runs
+            return "model", tags[T.MODEL_ID]
+        if T.OUTPUT_DIGEST in tags:
+            return "artifact", tags[T.OUTPUT_DIGEST]
         raise LineageError(f"MLflow run {ident} is no codemill run (no codemill.model_id / output_digest tag)")
     m = resolve_artifact(store, ident)
     if m.stage == "train":
-        model_id = _model_of_digest(client, m.digest)
+        model_id = reader.model_of_digest(m.digest)
         return ("model", model_id) if model_id else ("artifact", m.digest)
     if m.stage == "evaluate" and m.stats.get("model_id"):
         return "model", m.stats["model_id"]
@@ -95,39 +69,32 @@ def resolve(client: MlflowClient, store: ArtifactStore, ident: str) -> tuple[str
 
 
 # --- building the tree --------------------------------------------------------------------------------------
-def _stage_run(client: MlflowClient, experiment_ids: list[str], stage: str, digest: str):
-    runs = client.search_runs(experiment_ids, filter_string=f"tags.`{TAG_OUTPUT_DIGEST}` = '{digest}' and "
-                                                            f"tags.`{TAG_STAGE}` = '{stage}'",
-                              max_results=1, order_by=["attributes.start_time ASC"])
-    return runs[0] if runs else None
-
-
-def _manifest(store: ArtifactStore, digest: str) -> Manifest | None:
+def manifest_of(store: ArtifactStore, digest: str) -> Manifest | None:
     found = [m for m in find_artifacts(store, digest) if m.digest == digest]
     return found[0] if found else None
 
 
 def _sources(m: Manifest, run) -> list[Node]:
     """The ingest's sources: from the manifest (root, repo, kind, fingerprint, commit), else the run's tags."""
-    keys = ("root", "repo", "kind", "fingerprint", "commit")
+    keys = T.SOURCE_KEYS
     rows = m.stats.get("source_fingerprints") or []
     if not rows and run is not None:
         tags = run.data.tags
         i = 0
-        while f"codemill.source.{i}.root" in tags:
-            rows.append({k: tags.get(f"codemill.source.{i}.{k}") for k in keys})
+        while T.source(i, "root") in tags:
+            rows.append({k: tags.get(T.source(i, k)) for k in keys})
             i += 1
     return [node("source", str(s.get("root")), {k: s.get(k) for k in keys if s.get(k) is not None}) for s in rows]
 
 
-def artifact_tree(client: MlflowClient, store: ArtifactStore, digest: str, experiment_ids: list[str],
+def artifact_tree(reader: LineageReader, store: ArtifactStore, digest: str, experiment_ids: list[str],
                   seen: set[str] | None = None, role: str | None = None) -> Node:
     """One artifact with its producing run, then its inputs, recursively (each artifact expanded once)."""
     seen = set() if seen is None else seen
-    m = _manifest(store, digest)
+    m = manifest_of(store, digest)
     if m is None:
         return node(role or "artifact", f"{role or 'artifact'} {digest[:12]} (not in the store)", {"digest": digest})
-    run = _stage_run(client, experiment_ids, m.stage, digest)
+    run = reader.stage_run(experiment_ids, m.stage, digest)
     attrs = {"stage": m.stage, "name": m.name, "digest": m.digest, "uri": m.uri, "code_version": m.code_version,
              "run_id": run.info.run_id if run else None}
     title = f"{role or m.stage} {m.stage}:{m.name}-{m.digest[:12]}"
@@ -137,7 +104,7 @@ def artifact_tree(client: MlflowClient, store: ArtifactStore, digest: str, exper
     if m.stage == "ingest":
         children = _sources(m, run)
     else:
-        children = [artifact_tree(client, store, d, experiment_ids, seen, role=name) for name, d in m.inputs.items()]
+        children = [artifact_tree(reader, store, d, experiment_ids, seen, role=name) for name, d in m.inputs.items()]
     return node(role or m.stage, title, attrs, children)
 
 
@@ -160,32 +127,18 @@ def _metric_nodes(model) -> list[Node]:
     return out
 
 
-def _champion_of(client: MlflowClient, model_id: str) -> list[str]:
-    """'name@alias v<version>' for every registry alias whose version is this model."""
-    out = []
-    try:
-        for rm in client.search_registered_models():
-            for alias, version in (rm.aliases or {}).items():
-                mv = client.get_model_version(rm.name, version)
-                if (mv.tags or {}).get("codemill.model_id") == model_id or mv.model_id == model_id:
-                    out.append(f"{rm.name}@{alias} v{version}")
-    except MlflowException:
-        return out
-    return out
-
-
-def model_tree(client: MlflowClient, store: ArtifactStore, model_id: str) -> Node:
-    model = _get_model(client, model_id)
+def model_tree(reader: LineageReader, store: ArtifactStore, model_id: str) -> Node:
+    model = reader.model(model_id)
     exps = [model.experiment_id]
-    digest = model.tags.get(TAG_DIGEST)
+    digest = model.tags.get(T.DIGEST)
     attrs = {"model_id": model.model_id, "name": model.name, "digest": digest, "status": str(model.status),
-             "uri": model.tags.get("codemill.output_uri"), "source_run_id": model.source_run_id,
-             "experiment_id": model.experiment_id, "registered": _champion_of(client, model.model_id)}
+             "uri": model.tags.get(T.OUTPUT_URI), "source_run_id": model.source_run_id,
+             "experiment_id": model.experiment_id, "registered": reader.aliases_of(model.model_id)}
     scores = node("evals", "eval scores", {}, _metric_nodes(model))
-    checkpoint = artifact_tree(client, store, digest, exps, role="checkpoint") if digest else \
+    checkpoint = artifact_tree(reader, store, digest, exps, role="checkpoint") if digest else \
         node("checkpoint", "checkpoint (no codemill.digest tag)")
     if model.source_run_id:
-        run = _get_run(client, model.source_run_id)
+        run = reader.run(model.source_run_id)
         train = node("training_run", f"training run {model.source_run_id}",
                      {"run_id": model.source_run_id, "status": run.info.status if run else None,
                       "metrics": dict(run.data.metrics) if run else {}}, checkpoint["children"])
@@ -193,11 +146,11 @@ def model_tree(client: MlflowClient, store: ArtifactStore, model_id: str) -> Nod
     return node("model", f"model {model.model_id} ({model.name})", attrs, [scores, checkpoint])
 
 
-def lineage_tree(client: MlflowClient, store: ArtifactStore, ident: str) -> Node:
-    kind, value = resolve(client, store, ident)
+def lineage_tree(reader: LineageReader, store: ArtifactStore, ident: str) -> Node:
+    kind, value = resolve(reader, store, ident)
     if kind == "model":
-        return model_tree(client, store, value)
-    return artifact_tree(client, store, value, [e.experiment_id for e in client.search_experiments()])
+        return model_tree(reader, store, value)
+    return artifact_tree(reader, store, value, reader.experiment_ids())
 
 
 def render(tree: Node):
@@ -219,74 +172,3 @@ def render(tree: Node):
     root = Tree(f"[bold]{tree['title']}[/]")
     fill(root, tree)
     return root
-
-
-# --- comparing two models -----------------------------------------------------------------------------------
-def eval_artifacts(client: MlflowClient, store: ArtifactStore, model_id: str) -> dict[str, list[Manifest]]:
-    """suite -> committed eval artifacts of this model (newest first), found through its evaluate runs."""
-    model = _get_model(client, model_id)
-    runs = client.search_runs([model.experiment_id], filter_string=f"tags.`codemill.model_id` = '{model_id}' and "
-                                                                   f"tags.`{TAG_STAGE}` = 'evaluate'",
-                              order_by=["attributes.start_time DESC"])
-    out: dict[str, list[Manifest]] = {}
-    seen: set[str] = set()
-    for run in runs:
-        digest = run.data.tags.get(TAG_OUTPUT_DIGEST)
-        m = _manifest(store, digest) if digest and digest not in seen else None
-        if m is not None:
-            seen.add(digest)
-            out.setdefault(m.name, []).append(m)
-    return out
-
-
-def _paired(a: list[Manifest], b: list[Manifest]) -> tuple[Manifest, Manifest] | None:
-    """The newest pair of evaluations of one suite on the same data with the same suite config."""
-    for ma in a:
-        for mb in b:
-            if ma.inputs.get("data") == mb.inputs.get("data") and ma.config == mb.config:
-                return ma, mb
-    return None
-
-
-def compare_models(client: MlflowClient, store: ArtifactStore, model_a: str, model_b: str,
-                   alpha: float = 0.05) -> dict[str, Any]:
-    """The gate's paired comparison (a = candidate, b = reference) on every metric both were evaluated on."""
-    import polars as pl
-
-    from codemill.evals import suites
-    from codemill.evals.gate import GateMetric, gate
-
-    ea, eb = eval_artifacts(client, store, model_a), eval_artifacts(client, store, model_b)
-    scores_a, scores_b, used = {}, {}, {}
-    for suite in sorted(set(ea) & set(eb)):
-        pair = _paired(ea[suite], eb[suite])
-        if pair is None:
-            continue
-        rows = [pl.read_parquet(store.local_path(store.ref(m.stage, m.name, m.digest)) / suites.rows_file(suite))
-                for m in pair]
-        scores_a |= suites.item_scores(suite, rows[0])
-        scores_b |= suites.item_scores(suite, rows[1])
-        used[suite] = {"a": pair[0].digest, "b": pair[1].digest, "data": pair[0].inputs.get("data")}
-    common = sorted(set(scores_a) & set(scores_b))
-    if not common:
-        raise LineageError(f"{model_a} and {model_b} have no evaluation of one suite on the same data and config "
-                           f"(suites evaluated: a {sorted(ea)}, b {sorted(eb)})")
-    verdict = gate(scores_a, scores_b, [GateMetric(name) for name in common], alpha)
-    return {"model_a": model_a, "model_b": model_b, "alpha": alpha, "verdict": verdict.verdict,
-            "reason": verdict.reason, "evaluations": used, "metrics": verdict.as_dict()["metrics"]}
-
-
-def render_comparison(result: dict[str, Any]):
-    from rich.table import Table
-
-    table = Table(title=f"{result['model_a']} (a) vs {result['model_b']} (b), paired on the same items")
-    for col in ("metric", "a", "b", "diff (+ = a better)", "95% CI", "SE", "p a worse", "p a better", "n items",
-                "clusters"):
-        table.add_column(col)
-    for e in result["metrics"]:
-        table.add_row(e["metric"], f"{e['candidate']:.4f}", f"{e['champion']:.4f}", f"{e['diff']:+.4f}",
-                      f"[{e['ci_low']:+.4f}, {e['ci_high']:+.4f}]", f"{e['se']:.4f}", f"{e['p_regression']:.3g}",
-                      f"{e['p_improvement']:.3g}", str(e["n_items"]), str(e["n_clusters"]))
-    table.caption = (f"{result['verdict']}: {result['reason']} "
-                     f"(alpha {result['alpha']}; the verdict uses Holm-corrected p)")
-    return table

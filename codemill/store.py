@@ -15,7 +15,6 @@ or deleted, the first manifest wins and a later writer of the same digest counts
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import shutil
 import tempfile
@@ -24,7 +23,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
@@ -32,6 +31,9 @@ from pydantic import BaseModel, Field
 
 from codemill import __version__
 from codemill.hashing import sha256_file
+
+if TYPE_CHECKING:
+    from codemill.plan import StagePlan
 
 MANIFEST = "manifest.json"
 
@@ -145,9 +147,15 @@ class ArtifactStore:
         return out
 
     # --- writing ----------------------------------------------------------------------------------------
+    def ref_for(self, plan: StagePlan) -> ArtifactRef:
+        """Where a plan's artifact lives in this store."""
+        return self.ref(plan.stage, plan.name, plan.digest)
+
     @contextmanager
-    def writer(self, ref: ArtifactRef) -> Iterator[ArtifactWriter]:
-        """Yield a staging directory; commit on clean exit, discard on error. Never a half-written artifact."""
+    def writer(self, plan: StagePlan) -> Iterator[ArtifactWriter]:
+        """Yield a staging directory for ``plan``'s artifact; commit on clean exit, discard on error. Never a
+        half-written artifact."""
+        ref = self.ref_for(plan)
         if self.is_local:
             stage_dir = Path(self.root) / ref.stage
             stage_dir.mkdir(parents=True, exist_ok=True)
@@ -155,7 +163,7 @@ class ArtifactStore:
         else:
             self.cache_dir.mkdir(parents=True, exist_ok=True)
             staging = Path(tempfile.mkdtemp(prefix=f"staging-{ref.name}-{ref.short}-", dir=self.cache_dir))
-        w = ArtifactWriter(ref, staging)
+        w = ArtifactWriter(plan, ref, staging)
         try:
             yield w
             if w.manifest is None:
@@ -208,7 +216,11 @@ def _commit_local_dir(staging: Path, target: Path) -> None:
 
 
 class ArtifactWriter:
-    def __init__(self, ref: ArtifactRef, staging: Path) -> None:
+    """A staging directory for one plan's artifact; ``finish`` writes the manifest from the plan, so the
+    manifest's config and inputs are exactly what the digest hashed."""
+
+    def __init__(self, plan: StagePlan, ref: ArtifactRef, staging: Path) -> None:
+        self.plan = plan
         self.ref = ref
         self.dir = staging
         self.manifest: Manifest | None = None
@@ -218,29 +230,16 @@ class ArtifactWriter:
         p.parent.mkdir(parents=True, exist_ok=True)
         return p
 
-    def write_json(self, relpath: str, obj: Any) -> Path:
-        p = self.path(relpath)
-        p.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str))
-        return p
-
-    def finish(
-        self,
-        *,
-        code_version: str,
-        config: dict[str, Any],
-        inputs: dict[str, ArtifactRef] | None = None,
-        stats: dict[str, Any] | None = None,
-    ) -> Manifest:
+    def finish(self, stats: dict[str, Any] | None = None) -> Manifest:
         files = []
         for p in sorted(self.dir.rglob("*")):
             if p.is_file() and p.name != MANIFEST:
                 files.append(FileEntry(path=p.relative_to(self.dir).as_posix(), bytes=p.stat().st_size,
                                        sha256=sha256_file(p)))
-        inputs = inputs or {}
+        plan = self.plan
         self.manifest = Manifest(
             stage=self.ref.stage, name=self.ref.name, digest=self.ref.digest, uri=self.ref.uri,
-            code_version=code_version, config=config,
-            inputs={k: v.digest for k, v in inputs.items()}, input_uris={k: v.uri for k, v in inputs.items()},
-            stats=stats or {}, files=files,
+            code_version=plan.code_version, config=plan.config, inputs=plan.input_digests,
+            input_uris={k: v.uri for k, v in plan.inputs.items()}, stats=stats or {}, files=files,
         )
         return self.manifest

@@ -43,9 +43,12 @@ def iter_texts(shards: list[Path]) -> Iterator[list[str]]:
         yield pl.read_parquet(shard, columns=["content"])["content"].to_list()
 
 
-def build_tokenizer(cfg: TokenizeConfig, corpus_dir: Path, out_dir: Path) -> dict:
+def build_tokenizer(cfg: TokenizeConfig, corpus_dir: Path | None, out_dir: Path) -> dict:
+    """A base model's tokenizer as it is, or a BPE trained on the corpus's train split."""
     if cfg.base_tokenizer:
         return prepare_base_tokenizer(cfg.base_tokenizer, out_dir)
+    if corpus_dir is None:
+        raise ValueError("training a tokenizer needs a corpus (or set tokenize.base_tokenizer)")
     texts = (t for batch in iter_texts(train_shards(corpus_dir)) for t in batch)
     return save_tokenizer(train_bpe(texts, cfg.vocab_size, cfg.min_frequency), out_dir)
 

@@ -44,7 +44,7 @@ def publish_loss_curve(store: ArtifactStore, lineage: Lineage, model: StageResul
         path = Path(tmp) / LOSS_PNG
         path.write_bytes(png)
         for run_id in {model.run_id, parent_run_id} - {None}:
-            lineage.client.log_artifact(run_id, str(path))
+            lineage.log_artifact(run_id, path)
     uri = lineage.tracking_uri
     url = (f"{uri.rstrip('/')}/get-artifact?path={LOSS_PNG}&run_uuid={parent_run_id}"
            if uri.startswith(("http://", "https://")) else f"data:image/png;base64,{base64.b64encode(png).decode()}")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from codemill import progress
 from codemill.config import PipelineConfig
@@ -10,6 +10,9 @@ from codemill.lineage import Lineage
 from codemill.store import ArtifactStore
 from codemill.tasks.common import RunContext, StageResult
 from codemill.tasks.fanout import task_runner_for
+
+if TYPE_CHECKING:
+    from codemill.flows.plan import Step
 
 
 def flow_run_url() -> str | None:
@@ -32,17 +35,50 @@ def open_flow_run(config: PipelineConfig, run_name: str, flow_run_id: Any,
     return store, ctx.model_copy(update={"parent_run_id": parent}), lineage
 
 
-def run_stage_task(task, store: ArtifactStore, **params: Any) -> StageResult:
+def run_stage_task(task: Any, store: ArtifactStore, **params: Any) -> StageResult:
     """Run a stage task; a Prefect cache hit whose artifact is gone from the store is recomputed."""
     state = task(**params, return_state=True)
     result: StageResult = state.result()
-    if state.name == "Cached" and not store.is_committed(result.ref):
+    if state.name == "Cached" and not store.is_committed(result.ref):  # the store was wiped under Prefect's cache
         state = task.with_options(refresh_cache=True)(**params, return_state=True)
         result = state.result()
     if state.name == "Cached":
         result = result.model_copy(update={"status": "cached"})
     progress.sink().stage(result.ref.stage, f"{result.status}: {result.ref.uri}")
     return result
+
+
+def execute(steps: list[Step], ctx: RunContext, store: ArtifactStore) -> dict[str, StageResult]:
+    """Run planned steps in order (each skipped when its artifact is in the store): step key -> result."""
+    results: dict[str, StageResult] = {}
+    for step in steps:
+        bound = step.bind(ctx, results) if step.bind else {}
+        results[step.key] = run_stage_task(step.task, store, plan=step.plan, ctx=ctx, **step.params, **bound)
+    return results
+
+
+def scores_of(stages: dict[str, StageResult]) -> dict[str, float]:
+    """The eval scores (and their CI bounds) of a run's evaluation steps."""
+    out: dict[str, float] = {}
+    for key, result in stages.items():
+        if key.startswith("eval:"):
+            out |= {k: v for k, v in result.summary.items() if isinstance(v, float)}
+    return out
+
+
+def flow_result(lineage: Lineage, parent_run_id: str, config: PipelineConfig, stages: dict[str, StageResult],
+                model_id: str | None, verdict: dict[str, Any] | None) -> dict[str, Any]:
+    """Log the scores on the parent run, close it, and return what every flow (pipeline, nightly, evaluate)
+    returns: one shape, so the CLI and callers read any of them alike."""
+    from prefect.runtime import flow_run
+
+    scores = scores_of(stages)
+    lineage.log_metrics(parent_run_id, scores)
+    lineage.end_run(parent_run_id)
+    return {"parent_run_id": parent_run_id, "experiment_id": lineage.experiment_id,
+            "tracking_uri": config.mlflow_tracking_uri, "flow_run_id": str(flow_run.id) if flow_run.id else None,
+            "model_id": model_id, "scores": scores, "gate": verdict,
+            "stages": {k: v.model_dump(mode="json") for k, v in stages.items()}}
 
 
 def with_task_runner(flow_obj: Any, config: PipelineConfig) -> Any:

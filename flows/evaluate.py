@@ -1,4 +1,5 @@
-"""The ``evaluate`` flow: any model (LoggedModel id, store checkpoint, HF folder) on the chosen suites."""
+"""The ``evaluate`` flow: any model (LoggedModel id, store checkpoint, HF folder) on the chosen suites, and
+the gate against the champion that the pipeline and nightly flows share."""
 
 from __future__ import annotations
 
@@ -8,12 +9,16 @@ from typing import Any
 from prefect import flow
 from prefect.runtime import flow_run
 
+from codemill import tags as T
 from codemill.config import PipelineConfig
-from codemill.flows.common import flow_run_url, open_flow_run
-from codemill.flows.evaluation import evaluate_model, gate_against_champion, scores_of
+from codemill.flows.common import execute, flow_result, flow_run_url, open_flow_run
 from codemill.flows.hooks import record_failure_on_mlflow
+from codemill.flows.plan import plan_evaluations
+from codemill.lineage import Registry
 from codemill.store import MANIFEST, ArtifactRef, ArtifactStore, Manifest
-from codemill.tasks.models import resolve_model
+from codemill.tasks.common import RunContext, StageResult
+from codemill.tasks.gate import gate_task
+from codemill.tasks.resolve_model import ResolvedModel, resolve_model
 
 
 def latest_corpus(store: ArtifactStore) -> ArtifactRef | None:
@@ -32,6 +37,28 @@ def corpus_ref(store: ArtifactStore, corpus: str | None) -> ArtifactRef | None:
     return store.ref(m.stage, m.name, m.digest)
 
 
+def evaluate_resolved(ctx: RunContext, store: ArtifactStore, config: PipelineConfig, model: ResolvedModel,
+                      corpus: ArtifactRef | None, samples_file: str | None = None) -> dict[str, StageResult]:
+    """The configured suites on a model whose LoggedModel and folder are known: suite -> result."""
+    steps = plan_evaluations(config, model.ref, corpus, samples_file, resolved=model)
+    return {k.removeprefix("eval:"): v for k, v in execute(steps, ctx, store).items()}
+
+
+def gate_against_champion(ctx: RunContext, store: ArtifactStore, config: PipelineConfig, model: ResolvedModel,
+                          corpus: ArtifactRef | None, evals: dict[str, StageResult]) -> dict[str, Any] | None:
+    """Evaluate the champion on the same suites and data (cached when it was before), then gate."""
+    if not config.gate.enabled:
+        return None
+    name = config.gate.registered_model or config.name
+    champion = Registry(ctx.lineage(), name, config.gate.alias).champion()
+    champion_evals = None
+    if champion and champion.get(T.MODEL_ID) != model.model_id:
+        champ_model = resolve_model(ctx, champion[T.MODEL_ID])
+        champion_evals = evaluate_resolved(ctx, store, config, champ_model, corpus)
+    return gate_task(ctx=ctx, cfg=config.gate, registered_model=name, candidate=model, candidate_evals=evals,
+                     champion=champion, champion_evals=champion_evals)
+
+
 def _run_name() -> str:
     return f"evaluate-{flow_run.parameters.get('model', 'model')[:40]}-{datetime.now(UTC):%Y%m%d-%H%M%S}"
 
@@ -47,16 +74,11 @@ def evaluate(model: str, config: PipelineConfig = PipelineConfig(), corpus: str 
     try:
         resolved = resolve_model(ctx, model)
         data = corpus_ref(store, corpus)
-        evals = evaluate_model(ctx, store, config, resolved, data, samples_file)
+        evals = evaluate_resolved(ctx, store, config, resolved, data, samples_file)
         verdict = gate_against_champion(ctx, store, config, resolved, data, evals)
     except BaseException:
         lineage.end_run(parent, failed=True)
         raise
-    scores = scores_of(evals)
-    lineage.log_metrics(parent, scores)
-    lineage.tag(parent, {"codemill.model_id": resolved.model_id, "codemill.model_digest": resolved.ref.digest})
-    lineage.end_run(parent)
-    return {"parent_run_id": parent, "experiment_id": lineage.experiment_id,
-            "tracking_uri": config.mlflow_tracking_uri, "flow_run_id": str(flow_run.id) if flow_run.id else None,
-            "model_id": resolved.model_id, "scores": scores, "gate": verdict,
-            "stages": {f"eval:{k}": v.model_dump(mode="json") for k, v in evals.items()}}
+    lineage.tag(parent, {T.MODEL_ID: resolved.model_id, T.MODEL_DIGEST: resolved.ref.digest})
+    return flow_result(lineage, parent, config, {f"eval:{k}": v for k, v in evals.items()}, resolved.model_id,
+                       verdict)

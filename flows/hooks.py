@@ -54,19 +54,19 @@ def record_failure_on_mlflow(flow, flow_run, state) -> None:
     Best effort: when the tracking server itself is what failed, the hook says so in the Prefect log."""
     from prefect.logging import get_logger
 
-    from codemill.lineage import TAG_FLOW_RUN, Lineage
+    from codemill import tags as T
+    from codemill.lineage import Lineage
 
     logger = get_logger("codemill.hooks")
     try:
         cfg = config_of(flow_run.parameters)
         lineage = Lineage(cfg.mlflow_tracking_uri, cfg.name)
-        runs = lineage.client.search_runs([lineage.experiment_id],
-                                          filter_string=f"tags.`{TAG_FLOW_RUN}` = '{flow_run.id}'", max_results=5)
+        runs = lineage.flow_runs(str(flow_run.id))
         message = state.message or "failed"
-        for run in runs:
-            lineage.tag(run.info.run_id, {"codemill.failure": message[:4000], "codemill.failed_state": state.name})
-            lineage.client.log_text(run.info.run_id, message, "failure.txt")
-            lineage.end_run(run.info.run_id, failed=True)
+        for run_id in runs:
+            lineage.tag(run_id, {T.FAILURE: message[:4000], T.FAILED_STATE: state.name})
+            lineage.log_text(run_id, message, "failure.txt")
+            lineage.end_run(run_id, failed=True)
         if not runs:
             logger.warning("flow run %s failed before its MLflow run was created: %s", flow_run.id, message)
     except Exception:  # the hook must never mask the original failure

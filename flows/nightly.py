@@ -12,12 +12,13 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
+from codemill import tags as T
 from codemill.config import PipelineConfig
 from codemill.flows.hooks import record_failure_on_mlflow, run_name_from
 from codemill.flows.pipeline import run_pipeline
 from codemill.lineage import Registry
 from codemill.tasks.common import RunContext
-from codemill.tasks.models import resolve_model
+from codemill.tasks.resolve_model import resolve_model
 
 
 def champion_start(config: PipelineConfig) -> str | None:
@@ -25,9 +26,9 @@ def champion_start(config: PipelineConfig) -> str | None:
     ctx = RunContext(store_root=config.store_root, work_dir=config.work_dir,
                      tracking_uri=config.mlflow_tracking_uri, experiment=config.name)
     champion = Registry(ctx.lineage(), config.gate.registered_model or config.name, config.gate.alias).champion()
-    if not champion or "codemill.model_id" not in champion:
+    if not champion or T.MODEL_ID not in champion:
         return None
-    return resolve_model(ctx, champion["codemill.model_id"]).hf_dir
+    return resolve_model(ctx, champion[T.MODEL_ID]).hf_dir
 
 
 def _run_name() -> str:

@@ -10,7 +10,9 @@ from prefect import task
 from prefect.context import TaskRunContext
 from pydantic import BaseModel, Field
 
+from codemill import tags as T
 from codemill.lineage import Lineage
+from codemill.plan import StagePlan
 from codemill.store import ArtifactRef, ArtifactStore, ArtifactWriter, Manifest
 
 
@@ -59,9 +61,9 @@ def retry_on_server_error(task: Any, task_run: Any, state: Any) -> bool:
 
 def artifact_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
     """The Prefect cache key is the artifact digest (plus the store it lives in)."""
-    ref: ArtifactRef = parameters["ref"]
+    plan: StagePlan = parameters["plan"]
     ctx: RunContext = parameters["ctx"]
-    return f"codemill-{ref.stage}-{ref.digest}-{ArtifactStore(ctx.store_root).root_url.rstrip('/')}"
+    return f"codemill-{plan.stage}-{plan.digest}-{ArtifactStore(ctx.store_root).root_url.rstrip('/')}"
 
 
 def stage_task(name: str, **options: Any) -> Callable[[Callable[..., StageResult]], Any]:
@@ -75,47 +77,44 @@ Producer = Callable[[ArtifactWriter, str], Manifest]  # (writer, stage run id)
 Recorder = Callable[[Lineage, str, Manifest], dict[str, Any]]
 
 
-def run_stage(ctx: RunContext, ref: ArtifactRef, produce: Producer, record: Recorder,
+def no_record(lineage: Lineage, run_id: str, manifest: Manifest) -> dict[str, Any]:
+    """A stage whose MLflow record is only what every stage records (its plan and manifest)."""
+    return {}
+
+
+def run_stage(ctx: RunContext, plan: StagePlan, produce: Producer, record: Recorder,
               summarize: Callable[[Manifest], dict[str, Any]]) -> StageResult:
     """Skip if committed; else produce under a writer (manifest last). Then make sure MLflow knows it.
 
-    ``record`` logs the artifact's lineage on a stage run; it runs after a fresh produce, and also when the
-    artifact was already in the store but this tracking server has no run for it (e.g. a new MLflow DB).
+    Every stage run records its plan (the hashed config as params, the input digests as tags) and its
+    manifest; ``record`` adds what is particular to the stage. Recording runs after a fresh produce, and also
+    when the artifact was already in the store but this tracking server has no run for it (a new MLflow DB).
     """
     store = ctx.store()
     lineage = ctx.lineage()
+    ref = store.ref_for(plan)
     status = "present"
+
+    def record_all(run_id: str, manifest: Manifest) -> dict[str, Any]:
+        lineage.record_plan(run_id, plan, manifest, ref)
+        return record(lineage, run_id, manifest)
+
     if store.is_committed(ref):
         manifest = store.read_manifest(ref)
-        run_id = existing_stage_run(lineage, ref)
-        extra: dict[str, Any] = {}
+        run_id = lineage.find_stage_run(ref.stage, ref.digest)
         if run_id is None:
             with lineage.stage_run(ctx.parent_run_id, ref.stage, ref.digest) as run_id:
-                lineage.tag(run_id, {"codemill.reregistered": "true"})
-                extra = record(lineage, run_id, manifest)
+                lineage.tag(run_id, {T.REREGISTERED: "true"})
+                extra = record_all(run_id, manifest)
         else:
-            extra = recorded_extras(lineage, run_id)
+            model_id = lineage.run_tags(run_id).get(T.MODEL_ID)
+            extra = {"model_id": model_id} if model_id else {}
     else:
         status = "ran"
         with lineage.stage_run(ctx.parent_run_id, ref.stage, ref.digest) as run_id:
-            with store.writer(ref) as writer:
-                manifest = produce(writer, run_id)
+            with store.writer(plan) as writer:
+                produce(writer, run_id)
             manifest = store.read_manifest(ref)
-            lineage.tag(run_id, {"codemill.output_uri": ref.uri})
-            extra = record(lineage, run_id, manifest)
+            extra = record_all(run_id, manifest)
     return StageResult(ref=ref, status=status, run_id=run_id, model_id=extra.get("model_id"),
                        summary={**summarize(manifest), **extra})
-
-
-def existing_stage_run(lineage: Lineage, ref: ArtifactRef) -> str | None:
-    runs = lineage.client.search_runs(
-        [lineage.experiment_id],
-        filter_string=f"tags.`codemill.output_digest` = '{ref.digest}' and tags.`codemill.stage` = '{ref.stage}'"
-                      " and attributes.status = 'FINISHED'",
-        max_results=1, order_by=["attributes.start_time ASC"])
-    return runs[0].info.run_id if runs else None
-
-
-def recorded_extras(lineage: Lineage, run_id: str) -> dict[str, Any]:
-    tags = lineage.client.get_run(run_id).data.tags
-    return {"model_id": tags["codemill.model_id"]} if "codemill.model_id" in tags else {}

@@ -8,15 +8,17 @@ from typing import Any
 from prefect import get_run_logger
 
 from codemill import progress
+from codemill import tags as T
 from codemill.config import EvalConfig
 from codemill.data.corpus import split_key
 from codemill.evals import humaneval as he
 from codemill.evals import suites
-from codemill.hashing import sha256_file, stage_digest
+from codemill.hashing import sha256_file
 from codemill.lineage import Lineage
+from codemill.plan import StagePlan, file_input
 from codemill.store import ArtifactRef, ArtifactStore, ArtifactWriter, Manifest
 from codemill.tasks.common import RunContext, StageResult, run_stage, stage_task
-from codemill.tasks.models import ResolvedModel
+from codemill.tasks.resolve_model import ResolvedModel
 
 STAGE = "evaluate"
 SUMMARY_KEYS = ("val_bpb", "completion_exact_match", "completion_edit_similarity", "humaneval_pass_at_1",
@@ -33,23 +35,31 @@ def humaneval_dataset() -> ArtifactRef:
     return ArtifactRef(stage="benchmark", name="humaneval", digest=sha256_file(path), uri=str(path))
 
 
-def suite_dataset(suite: str, corpus: ArtifactRef | None) -> ArtifactRef:
+def suite_data(suite: str, corpus: ArtifactRef | None) -> ArtifactRef:
+    """What a suite reads: HumanEval's problems file, or the corpus (whose val split the text suites score)."""
     if suite == "humaneval":
         return humaneval_dataset()
     if corpus is None:
         raise ValueError(f"suite {suite!r} needs a corpus (its val split)")
-    return val_dataset(corpus)
+    return corpus
 
 
-def plan_suite(store: ArtifactStore, suite: str, cfg: EvalConfig, model: ArtifactRef, data: ArtifactRef,
-               samples_file: str | None = None) -> ArtifactRef:
-    """Digest over the suite config, the model, the data, and (when scoring a samples file) its content."""
+def logged_dataset(suite: str, data: ArtifactRef) -> ArtifactRef:
+    """The dataset the MLflow record names: the val split for the text suites, HumanEval as it is."""
+    return data if suite == "humaneval" else val_dataset(data)
+
+
+def plan_suite(suite: str, cfg: EvalConfig, model: ArtifactRef, corpus: ArtifactRef | None,
+               samples_file: str | None = None) -> StagePlan:
+    """Digest over this suite's config (not the suite list), the model, the data, and (when scoring a samples
+    file) its content: evaluations of one suite pair whenever these agree, whatever else ran beside them."""
     config = {"suite": getattr(cfg, suite).digest_config(), "bootstrap_samples": cfg.bootstrap_samples,
               "confidence": cfg.confidence, "seed": cfg.seed}
-    inputs = {"model": model.digest, "data": data.digest}
+    inputs = {"model": model, "data": suite_data(suite, corpus)}
     if samples_file:
-        inputs["samples"] = sha256_file(samples_file)
-    return store.ref(STAGE, suite, stage_digest(STAGE, suites.SUITE_VERSIONS[suite], config, inputs))
+        inputs["samples"] = file_input("samples", samples_file)
+    return StagePlan(stage=STAGE, name=suite, code_version=suites.SUITE_VERSIONS[suite], config=config,
+                     inputs=inputs)
 
 
 def metrics_of(stats: dict[str, Any]) -> dict[str, float]:
@@ -63,14 +73,12 @@ def _summary(m: Manifest) -> dict[str, Any]:
 
 def _record(store: ArtifactStore, suite: str, model: ResolvedModel, data: ArtifactRef):
     def record(lineage: Lineage, run_id: str, m: Manifest) -> dict[str, Any]:
-        lineage.log_params(run_id, {"evaluate": m.config})
         lineage.log_eval(run_id, model.model_id, data, metrics_of(m.stats), dataset_name=data.name)
-        lineage.tag(run_id, {"codemill.model_id": model.model_id, "codemill.suite": suite,
-                             "codemill.model_digest": model.ref.digest})
+        lineage.tag(run_id, {T.MODEL_ID: model.model_id, T.SUITE: suite, T.MODEL_DIGEST: model.ref.digest})
         if suite == "humaneval" and m.stats.get("unsafe_no_sandbox"):
-            lineage.tag(run_id, {"codemill.eval.unsafe_no_sandbox": "true"})
+            lineage.tag(run_id, {T.UNSAFE_NO_SANDBOX: "true"})
         rows = store.local_path(store.ref(m.stage, m.name, m.digest)) / suites.rows_file(suite)
-        lineage.client.log_artifact(run_id, str(rows), "rows")
+        lineage.log_artifact(run_id, rows, "rows")
         return {"model_id": model.model_id}
     return record
 
@@ -81,17 +89,18 @@ def _clusters(store: ArtifactStore, corpus: ArtifactRef, val) -> list[str]:
 
 
 @stage_task("evaluate", task_run_name="evaluate-{suite}")
-def evaluate_suite_task(ref: ArtifactRef, ctx: RunContext, suite: str, cfg: EvalConfig, model: ResolvedModel,
-                        corpus: ArtifactRef | None, samples_file: str | None = None) -> StageResult:
+def evaluate_suite_task(plan: StagePlan, ctx: RunContext, cfg: EvalConfig, model: ResolvedModel) -> StageResult:
     logger = get_run_logger()
     store = ctx.store()
-    data = suite_dataset(suite, corpus)
+    suite = plan.name
+    samples_file = plan.inputs["samples"].uri if "samples" in plan.inputs else None
 
     def produce(w: ArtifactWriter, run_id: str) -> Manifest:
         progress.sink().stage(STAGE, f"{suite}: {model.ref.uri}")
         if suite == "humaneval":
             rows, summary = _humaneval(w, cfg, model, samples_file)
         else:
+            corpus = plan.input("data")
             val = suites.load_val_files(store.local_path(corpus), getattr(cfg, suite).max_files)
             clusters = _clusters(store, corpus, val)
             m = suites.load_eval_model(Path(model.hf_dir))
@@ -99,11 +108,10 @@ def evaluate_suite_task(ref: ArtifactRef, ctx: RunContext, suite: str, cfg: Eval
             rows, summary = run(m, val, clusters, cfg)
         rows.write_parquet(w.path(suites.rows_file(suite)))
         logger.info("evaluate %s: %s", suite, metrics_of(summary))
-        return w.finish(code_version=suites.SUITE_VERSIONS[suite], config=cfg.digest_config(),
-                        inputs={"model": model.ref, "data": data},
-                        stats={**summary, "suite": suite, "model_id": model.model_id})
+        return w.finish({**summary, "suite": suite, "model_id": model.model_id})
 
-    return run_stage(ctx, ref, produce, _record(store, suite, model, data), _summary)
+    data = logged_dataset(suite, plan.input("data"))
+    return run_stage(ctx, plan, produce, _record(store, suite, model, data), _summary)
 
 
 def _humaneval(w: ArtifactWriter, cfg: EvalConfig, model: ResolvedModel, samples_file: str | None):

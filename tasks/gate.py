@@ -7,13 +7,14 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 
+from codemill import tags as T
 from codemill.config import GateConfig
 from codemill.evals import suites
 from codemill.evals.gate import GateMetric, gate, markdown_report
 from codemill.lineage import Registry
 from codemill.tasks.common import RunContext, StageResult
 from codemill.tasks.evaluate import load_rows
-from codemill.tasks.models import ResolvedModel
+from codemill.tasks.resolve_model import ResolvedModel
 
 
 def _scores(ctx: RunContext, evals: dict[str, StageResult]) -> dict:
@@ -24,8 +25,7 @@ def _scores(ctx: RunContext, evals: dict[str, StageResult]) -> dict:
 
 
 def model_tags(model: ResolvedModel) -> dict[str, str]:
-    return {"codemill.model_digest": model.ref.digest, "codemill.model_uri": model.ref.uri,
-            "codemill.hf_dir": model.hf_dir}
+    return {T.MODEL_DIGEST: model.ref.digest, T.MODEL_URI: model.ref.uri, T.HF_DIR: model.hf_dir}
 
 
 @task(name="gate", retries=2, retry_delay_seconds=5)
@@ -39,7 +39,7 @@ def gate_task(ctx: RunContext, cfg: GateConfig, registered_model: str, candidate
         version = registry.promote(candidate.model_id, model_tags(candidate))
         result = {"verdict": "promote", "reason": "first evaluated model: it becomes the champion", "metrics": [],
                   "alpha": cfg.alpha}
-    elif champion.get("codemill.model_id") == candidate.model_id:
+    elif champion.get(T.MODEL_ID) == candidate.model_id:
         version = champion["version"]
         result = {"verdict": "hold", "reason": "the candidate is the champion", "metrics": [], "alpha": cfg.alpha}
     else:
@@ -54,15 +54,14 @@ def gate_task(ctx: RunContext, cfg: GateConfig, registered_model: str, candidate
             else champion["version"]
     result |= {"registered_model": registered_model, "alias": cfg.alias, "champion_version": version,
                "candidate_model_id": candidate.model_id,
-               "previous_champion_model_id": (champion or {}).get("codemill.model_id"),
+               "previous_champion_model_id": (champion or {}).get(T.MODEL_ID),
                "mlflow_run_id": ctx.parent_run_id, "tracking_uri": ctx.tracking_uri}
     report = _report(result)
     create_markdown_artifact(report, key="gate-verdict", description=f"gate verdict: {result['verdict']}")
     if ctx.parent_run_id:
-        lineage.client.log_text(ctx.parent_run_id, report, "gate_report.md")
+        lineage.log_text(ctx.parent_run_id, report, "gate_report.md")
         lineage.log_json(ctx.parent_run_id, result, "gate_verdict.json")
-        lineage.tag(ctx.parent_run_id, {"codemill.gate.verdict": result["verdict"],
-                                        "codemill.gate.champion_version": version})
+        lineage.tag(ctx.parent_run_id, {T.GATE_VERDICT: result["verdict"], T.GATE_CHAMPION_VERSION: version})
     logger.info("gate: %s (%s)", result["verdict"], result["reason"])
     return result
 

@@ -10,10 +10,12 @@ import polars as pl
 from prefect import get_run_logger, task
 
 from codemill import progress
+from codemill import tags as T
 from codemill.config import IngestConfig
 from codemill.data.ingest import CHUNK_CODE_VERSION, INGEST_CODE_VERSION, diff_ledgers, fingerprint_sources, run_ingest
-from codemill.hashing import digest_of, stage_digest
+from codemill.hashing import digest_of
 from codemill.lineage import Lineage
+from codemill.plan import StagePlan, external_input
 from codemill.store import ArtifactRef, ArtifactStore, ArtifactWriter, Manifest
 from codemill.tasks import fanout
 from codemill.tasks.common import RunContext, StageResult, run_stage, stage_task
@@ -35,18 +37,22 @@ class StoreChunkCache:
 
     def load(self, key: str) -> pl.DataFrame | None:
         store = self._store()
-        ref = store.ref(CHUNK_STAGE, "chunk", key)
+        ref = store.ref_for(chunk_plan(key))
         if not store.is_committed(ref):
             return None
         with store.open_file(ref, "rows.parquet") as fh:
             return pl.read_parquet(io.BytesIO(fh.read()))
 
     def save(self, key: str, df: pl.DataFrame) -> None:
-        store = self._store()
-        ref = store.ref(CHUNK_STAGE, "chunk", key)
-        with store.writer(ref) as w:
+        with self._store().writer(chunk_plan(key)) as w:
             df.write_parquet(w.path("rows.parquet"), compression="zstd")
-            w.finish(code_version=CHUNK_CODE_VERSION, config={}, stats={"rows": df.height})
+            w.finish(stats={"rows": df.height})
+
+
+def chunk_plan(key: str) -> StagePlan:
+    """A processed chunk is addressed by its content key (its rows' paths and hashes and the processing
+    config, computed by ``data.ingest``), hashed like any other artifact."""
+    return StagePlan(stage=CHUNK_STAGE, name="chunk", code_version=CHUNK_CODE_VERSION, config={"chunk_key": key})
 
 
 def source_key(sources: list[dict]) -> str:
@@ -54,9 +60,12 @@ def source_key(sources: list[dict]) -> str:
     return digest_of([[s.get("kind", "folder"), s["root"], s["repo"]] for s in sources])
 
 
-def plan_ingest(store: ArtifactStore, cfg: IngestConfig, sources: list[dict]) -> ArtifactRef:
-    inputs = {f"source.{i}.{s['repo']}": s["fingerprint"] for i, s in enumerate(sources)}
-    return store.ref(STAGE, "corpus", stage_digest(STAGE, INGEST_CODE_VERSION, cfg.digest_config(), inputs))
+def plan_ingest(cfg: IngestConfig, sources: list[dict]) -> StagePlan:
+    """The corpus depends on the ingest config and on each source's content fingerprint."""
+    inputs = {f"source.{i}.{s['repo']}": external_input("source", s["repo"], s["fingerprint"], s["root"])
+              for i, s in enumerate(sources)}
+    return StagePlan(stage=STAGE, name="corpus", code_version=INGEST_CODE_VERSION, config=cfg.digest_config(),
+                     inputs=inputs)
 
 
 @task(name="fingerprint-sources", retries=2, retry_delay_seconds=5)
@@ -101,12 +110,10 @@ def _record(sources: list[dict]):
     def record(lineage: Lineage, run_id: str, m: Manifest) -> dict[str, Any]:
         tags: dict[str, Any] = {}
         for i, s in enumerate(sources):
-            tags |= {f"codemill.source.{i}.root": s["root"], f"codemill.source.{i}.repo": s["repo"],
-                     f"codemill.source.{i}.kind": s.get("kind", "folder"),
-                     f"codemill.source.{i}.fingerprint": s["fingerprint"],
-                     f"codemill.source.{i}.commit": s.get("commit") or "none"}
+            fields = {"root": s["root"], "repo": s["repo"], "kind": s.get("kind", "folder"),
+                      "fingerprint": s["fingerprint"], "commit": s.get("commit") or "none"}
+            tags |= {T.source(i, k): v for k, v in fields.items()}
         lineage.tag(run_id, tags)
-        lineage.log_params(run_id, {"ingest": m.config})
         st = m.stats
         metrics = {"files_seen": st["files_seen"], "files_kept": st["files_kept"], "bytes_kept": st["bytes_kept"],
                    **{f"rejected.{k}": v for k, v in st["rejected_by_reason"].items()},
@@ -116,13 +123,12 @@ def _record(sources: list[dict]):
         lineage.log_table(run_id, st.get("steps", []), "ingest_counts.json")
         lineage.log_table(run_id, [{"type": k, "count": v} for k, v in st.get("redactions", {}).items()],
                           "redaction_counts.json")
-        lineage.log_json(run_id, m.model_dump(mode="json"), "manifest.json")
         return {}
     return record
 
 
 @stage_task("ingest")
-def ingest_task(ref: ArtifactRef, ctx: RunContext, cfg: IngestConfig, sources: list[dict]) -> StageResult:
+def ingest_task(plan: StagePlan, ctx: RunContext, cfg: IngestConfig, sources: list[dict]) -> StageResult:
     logger = get_run_logger()
     store = ctx.store()
     cache = StoreChunkCache(ctx.store_root, str(store.cache_dir))
@@ -132,10 +138,10 @@ def ingest_task(ref: ArtifactRef, ctx: RunContext, cfg: IngestConfig, sources: l
                            mapper=fanout.mapper)
         stats["source_fingerprints"] = sources
         stats["source_key"] = source_key(sources)
-        stats["changes"] = changes_since_previous(store, stats["source_key"], ref, w)
+        stats["changes"] = changes_since_previous(store, stats["source_key"], w.ref, w)
         logger.info("ingest: kept %d of %d files (%s bytes); rejected %s; chunks reused %s; changes %s",
                     stats["files_kept"], stats["files_seen"], stats["bytes_kept"], stats["rejected_by_reason"],
                     stats["chunks"], {k: v for k, v in stats["changes"].items() if k != "examples"})
-        return w.finish(code_version=INGEST_CODE_VERSION, config=cfg.digest_config(), stats=stats)
+        return w.finish(stats)
 
-    return run_stage(ctx, ref, produce, _record(sources), _summary)
+    return run_stage(ctx, plan, produce, _record(sources), _summary)

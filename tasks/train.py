@@ -11,11 +11,12 @@ from typing import Any
 from prefect import get_run_logger
 
 from codemill import progress
+from codemill import tags as T
 from codemill.config import TrainConfig
-from codemill.hashing import stage_digest
-from codemill.lineage import Lineage, mlflow_digest
+from codemill.lineage import Lineage
 from codemill.models.launch import run_streaming, threads_per_rank, torchrun_command
 from codemill.models.trainer import STACK_DUMP_ENV, TrainSpec
+from codemill.plan import StagePlan
 from codemill.store import ArtifactRef, ArtifactStore, ArtifactWriter, Manifest
 from codemill.tasks.common import RunContext, StageResult, run_stage, stage_task
 
@@ -23,9 +24,12 @@ STAGE = "train"
 TRAIN_CODE_VERSION = "train-v2"
 
 
-def plan_train(store: ArtifactStore, cfg: TrainConfig, tokens: ArtifactRef) -> ArtifactRef:
-    digest = stage_digest(STAGE, TRAIN_CODE_VERSION, cfg.digest_config(), {"tokens": tokens.digest})
-    return store.ref(STAGE, "model", digest)
+def plan_train(cfg: TrainConfig, tokens: ArtifactRef, tokenizer: ArtifactRef) -> StagePlan:
+    """The checkpoint depends on the train config and the token shards (which already hash the tokenizer). The
+    tokenizer is an input too because the exported model ships it; its digest is part of the tokens' digest,
+    so naming it changes nothing about what is trained."""
+    return StagePlan(stage=STAGE, name="model", code_version=TRAIN_CODE_VERSION, config=cfg.digest_config(),
+                     inputs={"tokens": tokens, "tokenizer": tokenizer})
 
 
 def _summary(m: Manifest) -> dict[str, Any]:
@@ -35,25 +39,24 @@ def _summary(m: Manifest) -> dict[str, Any]:
 def _record(store: ArtifactStore, tokens: ArtifactRef):
     def record(lineage: Lineage, run_id: str, m: Manifest) -> dict[str, Any]:
         lineage.log_dataset_input(run_id, tokens, "training", name="tokens")
-        lineage.log_params(run_id, {"train": m.config})
         ref = store.ref(m.stage, m.name, m.digest)
         model_id = lineage.find_model(m.digest)
         if model_id is None:
             hf_dir = store.local_path(ref) / "hf"
             model_id = lineage.log_checkpoint(run_id, ref, hf_dir, tokens, step=m.stats["steps"],
                                               params={"train": m.config})
-        lineage.client.log_metric(run_id, "final_train_loss", m.stats["final_loss"], step=m.stats["steps"],
-                                  model_id=model_id, dataset_name="tokens", dataset_digest=mlflow_digest(tokens.digest))
-        lineage.tag(run_id, {"codemill.model_id": model_id})
+        lineage.log_model_metric(run_id, "final_train_loss", m.stats["final_loss"], m.stats["steps"], model_id,
+                                 tokens, "tokens")
+        lineage.tag(run_id, {T.MODEL_ID: model_id})
         return {"model_id": model_id}
     return record
 
 
 @stage_task("train")
-def train_task(ref: ArtifactRef, ctx: RunContext, cfg: TrainConfig, tokens: ArtifactRef,
-               tokenizer: ArtifactRef) -> StageResult:
+def train_task(plan: StagePlan, ctx: RunContext, cfg: TrainConfig) -> StageResult:
     logger = get_run_logger()
     store = ctx.store()
+    ref, tokens, tokenizer = store.ref_for(plan), plan.input("tokens"), plan.input("tokenizer")
 
     def produce(w: ArtifactWriter, run_id: str) -> Manifest:
         tok_dir = store.local_path(tokens)
@@ -83,12 +86,11 @@ def train_task(ref: ArtifactRef, ctx: RunContext, cfg: TrainConfig, tokens: Arti
         stats["first_loss"] = summary["losses"][0] if summary["losses"] else None
         stats["best_step"] = summary.get("best_step")
         stats["val_losses"] = summary.get("val_losses", {})
-        manifest = w.finish(code_version=TRAIN_CODE_VERSION, config=cfg.digest_config(),
-                            inputs={"tokens": tokens}, stats=stats)
+        manifest = w.finish(stats)
         shutil.rmtree(ckpt_dir.parent, ignore_errors=True)  # the committed export supersedes them
         return manifest
 
-    return run_stage(ctx, ref, produce, _record(store, tokens), _summary)
+    return run_stage(ctx, plan, produce, _record(store, tokens), _summary)
 
 
 def _on_trainer_line(logger, line: str) -> None:

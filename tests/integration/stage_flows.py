@@ -12,25 +12,18 @@ from prefect import flow
 from prefect.runtime import flow_run
 
 from codemill.config import PipelineConfig
-from codemill.flows.common import open_flow_run, run_stage_task
-from codemill.tasks.ingest import fingerprint_sources_task, ingest_task, plan_ingest
-from codemill.tasks.tokenize import plan_tokenize, plan_tokenizer, tokenize_task, tokenizer_task
+from codemill.flows.common import execute, open_flow_run
+from codemill.flows.plan import plan_pipeline
+from codemill.tasks.ingest import fingerprint_sources_task
 
 
 @flow(name="data-stages", persist_result=True)
 def data_stages(config: PipelineConfig) -> dict[str, dict]:
     store, ctx, lineage = open_flow_run(config, flow_run.name or "data-stages", flow_run.id, None)
-    sources = fingerprint_sources_task(config.ingest)
-    corpus = run_stage_task(ingest_task, store, ref=plan_ingest(store, config.ingest, sources), ctx=ctx,
-                            cfg=config.ingest, sources=sources)
-    tokenizer = run_stage_task(tokenizer_task, store, ref=plan_tokenizer(store, config.tokenize, corpus.ref),
-                               ctx=ctx, cfg=config.tokenize, corpus=corpus.ref)
-    tokens = run_stage_task(tokenize_task, store, ref=plan_tokenize(store, config.tokenize, corpus.ref,
-                                                                    tokenizer.ref),
-                            ctx=ctx, cfg=config.tokenize, corpus=corpus.ref, tokenizer=tokenizer.ref)
+    steps = plan_pipeline(config, fingerprint_sources_task(config.ingest), store, until="tokenize")
+    results = execute(steps, ctx, store)
     lineage.end_run(ctx.parent_run_id)
-    return {"ingest": corpus.ref.model_dump(), "tokenizer": tokenizer.ref.model_dump(),
-            "tokenize": tokens.ref.model_dump()}
+    return {key: result.ref.model_dump() for key, result in results.items()}
 
 
 if __name__ == "__main__":

@@ -24,8 +24,7 @@ cfg = IngestConfig.model_validate_json(sys.argv[1])
 ctx = RunContext.model_validate_json(sys.argv[2])
 with disable_run_logger():
     sources = fingerprint_sources_task.fn(cfg)
-    ref = plan_ingest(ctx.store(), cfg, sources)
-    result = ingest_task.fn(ref=ref, ctx=ctx, cfg=cfg, sources=sources)
+    result = ingest_task.fn(plan=plan_ingest(cfg, sources), ctx=ctx, cfg=cfg, sources=sources)
 print(result.model_dump_json())
 """
 

@@ -14,6 +14,7 @@ from prefect.settings import PREFECT_API_URL
 from codemill.store import ArtifactStore
 from tests.integration.helpers import small_pipeline_config
 from tests.integration.store_checks import committed_artifacts, use_s3
+from tests.scratch import scratch_plan
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_harness")]
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,14 +47,15 @@ def test_s3_commits_are_write_once(s3_endpoint: str, tmp_path: Path, monkeypatch
     """No lock on S3: the first manifest wins, a later writer of the same digest leaves it (and its payload)
     alone, and an upload in progress (files, no manifest yet) is never deleted by another writer."""
     store = ArtifactStore(use_s3(monkeypatch, s3_endpoint, "codemill-once"), cache_dir=tmp_path / "cache")
-    ref = store.ref("stage", "thing", "ab" * 32)
+    plan = scratch_plan("ab")
+    ref = store.ref_for(plan)
     with store.fs.open(f"{ref.uri}/other-run-uploading.bin", "wb") as fh:  # another run mid-upload
         fh.write(b"theirs")
-    with store.writer(ref) as a, store.writer(ref) as b:  # two runs build the same artifact at once
+    with store.writer(plan) as a, store.writer(plan) as b:  # two runs build the same artifact at once
         a.path("payload.bin").write_bytes(b"A")
         b.path("payload.bin").write_bytes(b"A")
-        a.finish(code_version="v1", config={}, stats={"writer": "a"})
-        b.finish(code_version="v1", config={}, stats={"writer": "b"})
+        a.finish({"writer": "a"})
+        b.finish({"writer": "b"})
         store.fs.invalidate_cache()
     # b exits (commits) first here, being the inner context; a then finds it committed and keeps b's manifest
     kept = store.read_manifest(ref)

@@ -19,8 +19,7 @@ def _ingest(cfg, ctx):
 
     with disable_run_logger():
         sources = fingerprint_sources_task.fn(cfg)
-        ref = plan_ingest(ctx.store(), cfg, sources)
-        return ingest_task.fn(ref=ref, ctx=ctx, cfg=cfg, sources=sources)
+        return ingest_task.fn(plan=plan_ingest(cfg, sources), ctx=ctx, cfg=cfg, sources=sources)
 
 
 def test_reingest_reuses_unchanged_chunks_and_reports_changes(small_corpus, tmp_path, mlflow_uri):

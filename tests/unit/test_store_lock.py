@@ -8,16 +8,17 @@ from pathlib import Path
 
 from codemill.hashing import sha256_file
 from codemill.store import MANIFEST, ArtifactStore, artifact_lock
+from tests.scratch import scratch_plan
 
 WRITERS = 8
 
 
 def _commit_once(store: ArtifactStore, barrier: threading.Barrier, n: int, errors: list[BaseException]) -> None:
-    ref = store.ref("stage", "thing", "ab" * 32)
+    plan = scratch_plan("ab")
     try:
-        with store.writer(ref) as w:
+        with store.writer(plan) as w:
             w.path("payload.bin").write_bytes(b"x" * 100_000 + bytes([n]))
-            w.finish(code_version="v1", config={})
+            w.finish()
             barrier.wait()  # all writers commit at the same moment
     except BaseException as exc:  # noqa: BLE001 - reported by the test
         errors.append(exc)
@@ -33,7 +34,8 @@ def test_threads_committing_the_same_ref_all_succeed_and_the_store_verifies(tmp_
         for t in threads:
             t.join()
         assert errors == []
-        ref = store.ref("stage", "thing", "ab" * 32)
+        plan = scratch_plan("ab")
+        ref = store.ref_for(plan)
         manifest = store.read_manifest(ref)
         root = store.local_path(ref)
         for entry in manifest.files:
@@ -69,15 +71,16 @@ def test_commit_waits_for_the_lock_and_keeps_the_first_writers_artifact(tmp_path
     mid-commit, then deletes A's freshly renamed directory as 'incomplete'. With the lock B waits, then sees
     A's manifest and leaves it alone."""
     store = ArtifactStore(str(tmp_path / "store"))
-    ref = store.ref("stage", "thing", "cd" * 32)
+    plan = scratch_plan("cd")
+    ref = store.ref_for(plan)
     target = Path(store._fs_path(ref))
     target.mkdir(parents=True)  # an incomplete leftover from a crashed run
     done = threading.Event()
 
     def writer_b() -> None:
-        with store.writer(ref) as w:
+        with store.writer(plan) as w:
             w.path("payload.bin").write_bytes(b"from B")
-            w.finish(code_version="v1", config={})
+            w.finish()
         done.set()
 
     with artifact_lock(target):  # writer A is committing
@@ -85,10 +88,10 @@ def test_commit_waits_for_the_lock_and_keeps_the_first_writers_artifact(tmp_path
         t.start()
         assert not done.wait(0.5)  # B blocks on the lock instead of racing A
         staging = tmp_path / "a-staging"
-        with store.writer(store.ref("scratch", "a", "ef" * 32)) as w:  # a real finished payload for A
+        with store.writer(scratch_plan("ef", "scratch", "a")) as w:  # a real finished payload for A
             w.path("payload.bin").write_bytes(b"from A")
-            a_manifest = w.finish(code_version="v1", config={})
-        src = Path(store._fs_path(store.ref("scratch", "a", "ef" * 32)))
+            a_manifest = w.finish()
+        src = Path(store._fs_path(store.ref_for(scratch_plan("ef", "scratch", "a"))))
         src.rename(staging)
         (staging / MANIFEST).write_text(a_manifest.model_copy(update={"digest": ref.digest}).model_dump_json())
         target.rmdir()

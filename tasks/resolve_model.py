@@ -6,8 +6,8 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from codemill import tags as T
 from codemill.hashing import combine_digests, sha256_file
-from codemill.lineage import TAG_DIGEST, TAG_OUTPUT_URI
 from codemill.store import MANIFEST, ArtifactRef, Manifest
 from codemill.tasks.common import RunContext
 
@@ -32,20 +32,17 @@ def resolve_model(ctx: RunContext, spec: str) -> ResolvedModel:
     lineage = ctx.lineage()
     store = ctx.store()
     if spec.startswith("m-") and not Path(spec).exists():
-        lm = lineage.client.get_logged_model(spec)
-        digest, uri = lm.tags.get(TAG_DIGEST), lm.tags.get(TAG_OUTPUT_URI)
+        model_tags = lineage.logged_model_tags(spec)
+        digest, uri = model_tags.get(T.DIGEST), model_tags.get(T.OUTPUT_URI)
         if digest and uri:
             ref = ArtifactRef(stage="train", name=Path(uri).name.rsplit("-", 1)[0], digest=digest, uri=uri)
             same_store = store.ref(ref.stage, ref.name, ref.digest)
             if store.is_committed(same_store):
                 return from_train_artifact(ctx, same_store, spec)
-        import mlflow.artifacts
-
         dst = Path(ctx.work_dir).absolute() / "cache" / "models" / spec
         if not (dst / "config.json").exists():
             dst.mkdir(parents=True, exist_ok=True)
-            mlflow.artifacts.download_artifacts(artifact_uri=lm.artifact_location, dst_path=str(dst),
-                                                tracking_uri=ctx.tracking_uri)
+            lineage.download_model(spec, dst)
         digest = digest or folder_digest(dst)
         return ResolvedModel(ref=ArtifactRef(stage="train", name="model", digest=digest, uri=f"models:/{spec}"),
                              hf_dir=str(dst), model_id=spec)

@@ -1,0 +1,53 @@
+"""The names of codemill's MLflow tags, in one place: writers (``codemill.lineage``), readers
+(``codemill.lineage_read``) and the trainer's rank-0 logger all spell them from here. No MLflow import, so
+anything may use them cheaply."""
+
+from __future__ import annotations
+
+PREFIX = "codemill"
+
+STAGE = "codemill.stage"  # run: which stage (or "pipeline" for a flow's parent run)
+DIGEST = "codemill.digest"  # LoggedModel: the store digest of its weights
+OUTPUT_DIGEST = "codemill.output_digest"  # stage run: the digest of the artifact it produced
+OUTPUT_URI = "codemill.output_uri"  # stage run / LoggedModel: where that artifact lives
+REREGISTERED = "codemill.reregistered"  # stage run recorded for an artifact found in the store
+MODEL_ID = "codemill.model_id"  # run / registry version: the LoggedModel it made or evaluated
+MODEL_DIGEST = "codemill.model_digest"
+MODEL_URI = "codemill.model_uri"
+HF_DIR = "codemill.hf_dir"
+SUITE = "codemill.suite"
+UNSAFE_NO_SANDBOX = "codemill.eval.unsafe_no_sandbox"
+TRAIN_DATA_DIGEST = "codemill.train_data_digest"
+EXTERNAL_PATH = "codemill.external_path"
+CHECKPOINT_PATH = "codemill.checkpoint_path"
+CHECKPOINT_STEP = "codemill.step"
+GATE_VERDICT = "codemill.gate.verdict"
+GATE_CHAMPION_VERSION = "codemill.gate.champion_version"
+FAILURE = "codemill.failure"
+FAILED_STATE = "codemill.failed_state"
+UNTIL = "codemill.until"
+FLOW_RUN = "prefect.flow_run_id"
+FLOW_RUN_URL = "prefect.flow_run_url"
+
+
+def input_digest(name: str) -> str:
+    """Stage run: the digest of one of its inputs (by the input's name in the plan)."""
+    return f"codemill.input.{name}.digest"
+
+
+def source(i: int, key: str) -> str:
+    """Ingest run: one field (root, repo, kind, fingerprint, commit) of its i-th source."""
+    return f"codemill.source.{i}.{key}"
+
+
+SOURCE_KEYS = ("root", "repo", "kind", "fingerprint", "commit")
+
+
+def stage_status(key: str) -> str:
+    """Pipeline parent run: ran / present / cached, per step."""
+    return f"codemill.{key}.status"
+
+
+def stage_digest(key: str) -> str:
+    """Pipeline parent run: the artifact digest of each step."""
+    return f"codemill.{key}.digest"

@@ -1,0 +1,80 @@
+"""``codemill compare``: two models' evaluations paired item by item, judged by the gate's statistics.
+
+Evaluations pair when they scored one suite on the same data with the same hashed config (the manifest's
+``config`` is exactly what the eval digest hashed, so two runs that differed only in which other suites ran
+beside them still pair)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import polars as pl
+
+from codemill import tags as T
+from codemill.evals import suites
+from codemill.evals.gate import GateMetric, gate
+from codemill.lineage_read import LineageError, LineageReader
+from codemill.lineage_view import manifest_of
+from codemill.store import ArtifactStore, Manifest
+
+
+def eval_artifacts(reader: LineageReader, store: ArtifactStore, model_id: str) -> dict[str, list[Manifest]]:
+    """suite -> committed eval artifacts of this model (newest first), found through its evaluate runs."""
+    model = reader.model(model_id)
+    out: dict[str, list[Manifest]] = {}
+    seen: set[str] = set()
+    for run in reader.eval_runs(model.experiment_id, model_id):
+        digest = run.data.tags.get(T.OUTPUT_DIGEST)
+        m = manifest_of(store, digest) if digest and digest not in seen else None
+        if m is not None:
+            seen.add(digest)
+            out.setdefault(m.name, []).append(m)
+    return out
+
+
+def paired(a: list[Manifest], b: list[Manifest]) -> tuple[Manifest, Manifest] | None:
+    """The newest pair of evaluations of one suite on the same data with the same suite config."""
+    for ma in a:
+        for mb in b:
+            if ma.inputs.get("data") == mb.inputs.get("data") and ma.config == mb.config:
+                return ma, mb
+    return None
+
+
+def compare_models(reader: LineageReader, store: ArtifactStore, model_a: str, model_b: str,
+                   alpha: float = 0.05) -> dict[str, Any]:
+    """The gate's paired comparison (a = candidate, b = reference) on every metric both were evaluated on."""
+    ea, eb = eval_artifacts(reader, store, model_a), eval_artifacts(reader, store, model_b)
+    scores_a, scores_b, used = {}, {}, {}
+    for suite in sorted(set(ea) & set(eb)):
+        pair = paired(ea[suite], eb[suite])
+        if pair is None:
+            continue
+        rows = [pl.read_parquet(store.local_path(store.ref(m.stage, m.name, m.digest)) / suites.rows_file(suite))
+                for m in pair]
+        scores_a |= suites.item_scores(suite, rows[0])
+        scores_b |= suites.item_scores(suite, rows[1])
+        used[suite] = {"a": pair[0].digest, "b": pair[1].digest, "data": pair[0].inputs.get("data")}
+    common = sorted(set(scores_a) & set(scores_b))
+    if not common:
+        raise LineageError(f"{model_a} and {model_b} have no evaluation of one suite on the same data and config "
+                           f"(suites evaluated: a {sorted(ea)}, b {sorted(eb)})")
+    verdict = gate(scores_a, scores_b, [GateMetric(name) for name in common], alpha)
+    return {"model_a": model_a, "model_b": model_b, "alpha": alpha, "verdict": verdict.verdict,
+            "reason": verdict.reason, "evaluations": used, "metrics": verdict.as_dict()["metrics"]}
+
+
+def render_comparison(result: dict[str, Any]):
+    from rich.table import Table
+
+    table = Table(title=f"{result['model_a']} (a) vs {result['model_b']} (b), paired on the same items")
+    for col in ("metric", "a", "b", "diff (+ = a better)", "95% CI", "SE", "p a worse", "p a better", "n items",
+                "clusters"):
+        table.add_column(col)
+    for e in result["metrics"]:
+        table.add_row(e["metric"], f"{e['candidate']:.4f}", f"{e['champion']:.4f}", f"{e['diff']:+.4f}",
+                      f"[{e['ci_low']:+.4f}, {e['ci_high']:+.4f}]", f"{e['se']:.4f}", f"{e['p_regression']:.3g}",
+                      f"{e['p_improvement']:.3g}", str(e["n_items"]), str(e["n_clusters"]))
+    table.caption = (f"{result['verdict']}: {result['reason']} "
+                     f"(alpha {result['alpha']}; the verdict uses Holm-corrected p)")
+    return table

@@ -1,0 +1,105 @@
+"""The pipeline as a list of steps, computed up front from the config and the source fingerprints, then run.
+
+Each step is a stage plan (what is hashed: config and input refs, so its digest and artifact path are known
+before anything runs) plus the Prefect task that produces it. Planning touches nothing: no store writes, no
+MLflow, no Prefect server, which is what ``codemill plan`` prints. ``until`` keeps a prefix of the list. A new
+stage is one more step here (its plan function and its task live in its ``tasks/`` module).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from codemill.config import PipelineConfig, TokenizeConfig
+from codemill.plan import StagePlan
+from codemill.store import ArtifactRef, ArtifactStore
+from codemill.tasks.common import RunContext, StageResult
+from codemill.tasks.evaluate import evaluate_suite_task, plan_suite
+from codemill.tasks.ingest import ingest_task, plan_ingest
+from codemill.tasks.resolve_model import ResolvedModel, from_train_artifact
+from codemill.tasks.tokenize import plan_tokenize, plan_tokenizer, tokenize_task, tokenizer_task
+from codemill.tasks.train import plan_train, train_task
+
+Phase = Literal["ingest", "tokenize", "train", "evaluate"]
+PHASES: tuple[str, ...] = ("ingest", "tokenize", "train", "evaluate")
+
+Binder = Callable[[RunContext, dict[str, StageResult]], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Step:
+    """One stage of a run: its plan, the task that produces it, and the task's other arguments."""
+
+    key: str  # the result's name in the run: ingest, tokenizer, tokenize, train, eval:<suite>
+    phase: str  # what ``until`` selects on
+    plan: StagePlan
+    task: Any  # the Prefect task: task(plan=..., ctx=..., **params, **bind(ctx, results))
+    params: dict[str, Any] = field(default_factory=dict)  # not hashed: the full stage config (timeouts, ...)
+    bind: Binder | None = None  # arguments that exist only once earlier steps ran (a model id)
+
+
+def check_until(until: str) -> None:
+    if until not in PHASES:
+        raise ValueError(f"until must be one of {', '.join(PHASES)}, not {until!r}")
+
+
+def tokenize_config(config: PipelineConfig) -> TokenizeConfig:
+    """Fine-tuning reuses the base model's tokenizer, so its token ids mean what the weights expect."""
+    cfg = config.tokenize
+    if config.train.init_from and not cfg.base_tokenizer:
+        cfg = cfg.model_copy(update={"base_tokenizer": config.train.init_from})
+    return cfg
+
+
+def plan_pipeline(config: PipelineConfig, sources: list[dict], store: ArtifactStore,
+                  until: str = "evaluate") -> list[Step]:
+    """Every step of ``pipeline``/``nightly`` up to ``until``, in execution order."""
+    check_until(until)
+    tok_cfg = tokenize_config(config)
+    ingest = Step("ingest", "ingest", plan_ingest(config.ingest, sources), ingest_task,
+                  {"cfg": config.ingest, "sources": sources})
+    corpus = store.ref_for(ingest.plan)
+    tokenizer = Step("tokenizer", "tokenize", plan_tokenizer(tok_cfg, corpus), tokenizer_task, {"cfg": tok_cfg})
+    tokens = Step("tokenize", "tokenize", plan_tokenize(tok_cfg, corpus, store.ref_for(tokenizer.plan)),
+                  tokenize_task, {"cfg": tok_cfg})
+    train = Step("train", "train", plan_train(config.train, store.ref_for(tokens.plan), store.ref_for(tokenizer.plan)),
+                 train_task, {"cfg": config.train})
+
+    def trained_model(ctx: RunContext, results: dict[str, StageResult]) -> dict[str, Any]:
+        model = results["train"]
+        return {"model": from_train_artifact(ctx, model.ref, model.model_id or "")}
+
+    evals = plan_evaluations(config, store.ref_for(train.plan), corpus, bind=trained_model)
+    steps = [ingest, tokenizer, tokens, train, *evals]
+    return [s for s in steps if PHASES.index(s.phase) <= PHASES.index(until)]
+
+
+def plan_evaluations(config: PipelineConfig, model: ArtifactRef, corpus: ArtifactRef | None,
+                     samples_file: str | None = None, bind: Binder | None = None,
+                     resolved: ResolvedModel | None = None) -> list[Step]:
+    """One step per configured suite. The model is known by its ref when planning; the task also needs its
+    LoggedModel id and HF folder, given directly (``resolved``) or once training ran (``bind``)."""
+    if bind is None and resolved is None:
+        raise ValueError("an evaluation step needs the resolved model or a way to bind it")
+    steps = []
+    for suite in config.evaluate.suites:
+        plan = plan_suite(suite, config.evaluate, model, corpus, samples_file if suite == "humaneval" else None)
+        params: dict[str, Any] = {"cfg": config.evaluate}
+        if resolved is not None:
+            params["model"] = resolved
+        steps.append(Step(f"eval:{suite}", "evaluate", plan, evaluate_suite_task, params, bind))
+    return steps
+
+
+def describe(steps: list[Step], store: ArtifactStore) -> list[dict[str, Any]]:
+    """What ``codemill plan`` prints: each step, its digest, where its artifact lives, run or skip. Reads the
+    store (is the manifest there?) and writes nothing."""
+    rows = []
+    for step in steps:
+        ref = store.ref_for(step.plan)
+        rows.append({"step": step.key, "stage": step.plan.stage, "digest": step.plan.digest, "uri": ref.uri,
+                     "action": "skip (in store)" if store.is_committed(ref) else "run",
+                     "code_version": step.plan.code_version, "inputs": step.plan.input_digests})
+    return rows
