@@ -59,13 +59,27 @@ def test_manifests_repeat_the_chain(runs):
     assert store.read_manifest(st["tokenizer"]).inputs == {"corpus": st["ingest"].digest}
     assert store.read_manifest(st["tokenize"]).inputs == {"corpus": st["ingest"].digest,
                                                           "tokenizer": st["tokenizer"].digest}
-    assert store.read_manifest(st["train"]).inputs == {"tokens": st["tokenize"].digest}
+    assert store.read_manifest(st["train"]).inputs == {"tokens": st["tokenize"].digest,
+                                                       "tokenizer": st["tokenizer"].digest}
     for suite in ("bpb", "completion"):
         assert store.read_manifest(st[f"eval:{suite}"]).inputs == {"model": st["train"].digest,
                                                                     "data": st["ingest"].digest}
     assert store.read_manifest(st["eval:humaneval"]).inputs["model"] == st["train"].digest
     sources = store.read_manifest(st["ingest"]).stats["source_fingerprints"]
     assert sources[0]["root"] == cfg.ingest.sources[0].path
+
+
+def test_every_manifest_states_exactly_what_was_hashed(runs):
+    """Each committed artifact's digest recomputes from its own manifest's config, inputs and code version."""
+    from codemill.plan import manifest_digest
+    from tests.integration.store_checks import committed_artifacts
+
+    cfg, _, _, _ = runs
+    store = ArtifactStore(cfg.store_root)
+    manifests = list(committed_artifacts(store).values())
+    assert {m.stage for m in manifests} >= {"ingest", "ingest-chunks", "tokenizer", "tokenize", "train", "evaluate"}
+    for m in manifests:
+        assert manifest_digest(m) == m.digest, f"{m.stage}:{m.name} manifest does not state what was hashed"
 
 
 def test_loss_went_down(runs):
