@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -26,18 +27,23 @@ def installed_wheel(tmp_path_factory) -> Path:
 def test_only_codemill_at_top_level(installed_wheel):
     top = {p.name for p in installed_wheel.iterdir() if not p.name.endswith(".dist-info") and p.name != "bin"}
     assert top == {"codemill"}
-    for sub in ("data", "models", "evals", "tasks", "flows", "configs"):
-        assert (installed_wheel / "codemill" / sub / "__init__.py").exists(), sub
+    for sub in ("data", "models", "evals", "evals/sandbox", "tasks", "flows", "configs"):
+        init = installed_wheel / "codemill" / sub / "__init__.py"
+        assert init.is_file() and not init.parent.is_symlink(), sub  # the files, not the checkout's symlinks
     assert (installed_wheel / "codemill" / "configs" / "tiny.yaml").exists()
+    assert (installed_wheel / "codemill" / "py.typed").exists()  # PEP 561: type checkers read the inline hints
 
 
 def test_import_codemill_data_from_the_wheel(installed_wheel):
-    code = (f"import sys; sys.path.insert(0, {str(installed_wheel)!r}); import codemill.data, codemill.config; "
-            "print(codemill.data.__file__); print(codemill.config.load_preset('tiny').train.nproc_per_node)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd="/")
+    # -S: no .pth files, so the checkout's editable install cannot supply a module the wheel lacks.
+    site = sysconfig.get_paths()["purelib"]
+    code = (f"import sys; sys.path.insert(0, {str(installed_wheel)!r}); sys.path.append({site!r}); "
+            "import codemill.data, codemill.config, codemill.evals.sandbox; print(codemill.data.__file__); "
+            "print(codemill.evals.sandbox.__file__); print(codemill.config.load_preset('tiny').train.nproc_per_node)")
+    out = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=120, cwd="/")
     assert out.returncode == 0, out.stderr
-    path, nproc = out.stdout.split()
-    assert path.startswith(str(installed_wheel)) and nproc == "2"
+    *paths, nproc = out.stdout.split()
+    assert all(p.startswith(str(installed_wheel)) for p in paths) and nproc == "2", out.stdout
     bare = subprocess.run([sys.executable, "-S", "-c", f"import sys; sys.path[:] = [{str(installed_wheel)!r}]; "
                            "import data"], capture_output=True, text=True, cwd="/")
     assert bare.returncode != 0 and "No module named 'data'" in bare.stderr
