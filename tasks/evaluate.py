@@ -88,7 +88,7 @@ def _clusters(store: ArtifactStore, corpus: ArtifactRef, val) -> list[str]:
     return [split_key(r, p, unit) for r, p in zip(val["repo"], val["path"], strict=True)]
 
 
-@stage_task("evaluate", task_run_name="evaluate-{suite}")
+@stage_task("evaluate", task_run_name="evaluate-{plan.name}")
 def evaluate_suite_task(plan: StagePlan, ctx: RunContext, cfg: EvalConfig, model: ResolvedModel) -> StageResult:
     logger = get_run_logger()
     store = ctx.store()
