@@ -49,13 +49,21 @@ def test_clustering_widens_se_for_correlated_items():
     assert g == 20 and se_clustered > 3 * se_naive
 
 
-def test_cluster_bootstrap_contains_point():
+def test_cluster_bootstrap_is_wider_for_correlated_items():
+    """Files of one repository share a rate: resampling whole repositories must widen the CI (each file alone
+    would understate the uncertainty), and the point estimate is the same ratio of sums either way."""
     rng = np.random.default_rng(2)
-    v, w = rng.gamma(2, size=100), rng.integers(10, 100, size=100).astype(float)
-    ci = bootstrap_ratio_ci(v, w, np.arange(100) // 5, samples=500, confidence=0.95, seed=0)
-    wide = bootstrap_ratio_ci(v, w, np.arange(100) // 25, samples=500, confidence=0.95, seed=0)
-    assert ci.point == wide.point
-    assert ci.low < ci.point < ci.high
+    clusters = np.arange(200) // 10  # 20 repositories of 10 files
+    w = rng.integers(10, 100, size=200).astype(float)
+    rate = np.repeat(rng.gamma(4, 0.5, size=20), 10) + 0.05 * rng.normal(size=200)  # shared within a repository
+    v = rate * w
+    clustered = bootstrap_ratio_ci(v, w, clusters, samples=2000, confidence=0.95, seed=0)
+    per_item = bootstrap_ratio_ci(v, w, None, samples=2000, confidence=0.95, seed=0)
+    assert clustered.point == per_item.point == pytest.approx(v.sum() / w.sum())
+    assert clustered.low < clustered.point < clustered.high
+    assert per_item.low < per_item.point < per_item.high
+    width_c, width_i = clustered.high - clustered.low, per_item.high - per_item.low
+    assert width_c > 2 * width_i, (width_c, width_i)
 
 
 def test_normal_helpers():
