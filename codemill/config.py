@@ -184,6 +184,8 @@ class ModelConfig(StageConfig):
     num_heads: int = Field(4, gt=0)
     num_kv_heads: int = Field(4, gt=0)
     rope_theta: float = Field(10000.0, gt=0)
+    attention_dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on attention weights while training "
+                                     "(HF LlamaConfig.attention_dropout); 0 = none.")
 
 
 class LoraConfig(StageConfig):
@@ -263,11 +265,12 @@ class HumanEvalSuiteConfig(StageConfig):
     batch_size: int = runtime_only(default=16, gt=0)
 
 
-SUITES = ("bpb", "completion", "humaneval")
+SuiteName = Literal["bpb", "completion", "humaneval"]
+SUITES: tuple[SuiteName, ...] = ("bpb", "completion", "humaneval")
 
 
 class EvalConfig(StageConfig):
-    suites: list[Literal["bpb", "completion", "humaneval"]] = Field(list(SUITES), description="Suites to run.")
+    suites: list[SuiteName] = Field(list(SUITES), description="Suites to run.")
     bpb: BpbSuiteConfig = Field(default_factory=BpbSuiteConfig)
     completion: CompletionSuiteConfig = Field(default_factory=CompletionSuiteConfig)
     humaneval: HumanEvalSuiteConfig = Field(default_factory=HumanEvalSuiteConfig)

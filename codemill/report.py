@@ -44,9 +44,10 @@ def ingest_table(stats: Mapping[str, Any]) -> list[dict[str, Any]]:
     return [r for r in rows if r["value"] is not None]
 
 
-def loss_curve_png(losses: Sequence[float], val_losses: Mapping[int, float] | None = None,
+def loss_curve_png(losses: Sequence[float], val_losses: Mapping[int, float] | Mapping[str, float] | None = None,
                    title: str = "training loss") -> bytes:
-    """Train loss per step (and val loss at checkpoints) as a small PNG."""
+    """Train loss per step (and val loss at checkpoints) as a small PNG. `val_losses` keys may be strings: a
+    training summary read back from JSON."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -56,9 +57,8 @@ def loss_curve_png(losses: Sequence[float], val_losses: Mapping[int, float] | No
     ax = fig.add_subplot()
     ax.plot(range(1, len(losses) + 1), losses, label="train", linewidth=1.2)
     if val_losses:
-        steps = sorted(int(s) for s in val_losses)
-        ax.plot(steps, [val_losses[s] if s in val_losses else val_losses[str(s)] for s in steps], "o-",
-                label="val")
+        points = sorted((int(step), loss) for step, loss in val_losses.items())
+        ax.plot([step for step, _ in points], [loss for _, loss in points], "o-", label="val")
     ax.set_xlabel("step")
     ax.set_ylabel("loss (nats/token)")
     ax.set_title(title)

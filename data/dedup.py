@@ -42,7 +42,7 @@ def resolve_duplicates(candidates: pl.DataFrame, near: bool) -> pl.DataFrame:
         return exact
     keys = rest["bands"].to_numpy()
     if keys.ndim != 2:
-        keys = np.stack(keys)
+        keys = np.stack(list(keys))  # an object column of per-row arrays
     rank = rest["rank"].to_numpy()
     labels = lsh_components(keys.astype(np.uint64, copy=False), rest["lsh_valid"].to_numpy())
     rep = keep_one_per_component(labels, rank)

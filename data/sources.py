@@ -25,8 +25,8 @@ from typing import Any
 
 import polars as pl
 
-from codemill.config import SourceConfig
-from codemill.data.local_source import (
+from codemill.config import SourceConfig, SourceKind
+from codemill.data.folder_source import (
     Rejections,
     check_source_root,
     decode_source,
@@ -48,7 +48,7 @@ class SourceError(RuntimeError):
 @dataclass(frozen=True)
 class ChunkSpec:
     source: int
-    kind: str
+    kind: SourceKind
     location: str  # folder root, file URL, or dataset path/name
     repo: str
     items: tuple[Any, ...] = ()  # folder: relative paths; parquet: row-group ids; jsonl/hf: (start, end)

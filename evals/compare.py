@@ -12,7 +12,7 @@ import polars as pl
 
 from codemill import tags as T
 from codemill.evals import suites
-from codemill.evals.gate import GateMetric, gate
+from codemill.evals.gate import GateMetric, ItemScores, gate
 from codemill.lineage_read import LineageError, LineageReader
 from codemill.lineage_view import manifest_of
 from codemill.store import ArtifactStore, Manifest
@@ -45,7 +45,9 @@ def compare_models(reader: LineageReader, store: ArtifactStore, model_a: str, mo
                    alpha: float = 0.05) -> dict[str, Any]:
     """The gate's paired comparison (a = candidate, b = reference) on every metric both were evaluated on."""
     ea, eb = eval_artifacts(reader, store, model_a), eval_artifacts(reader, store, model_b)
-    scores_a, scores_b, used = {}, {}, {}
+    scores_a: dict[str, ItemScores] = {}
+    scores_b: dict[str, ItemScores] = {}
+    used: dict[str, dict[str, Any]] = {}
     for suite in sorted(set(ea) & set(eb)):
         pair = paired(ea[suite], eb[suite])
         if pair is None:

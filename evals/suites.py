@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import polars as pl
@@ -24,6 +25,9 @@ from codemill.evals.generate import SamplingParams, generate
 from codemill.evals.sandbox import Limits, Sandbox
 from codemill.evals.stats import bootstrap_ratio_ci
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
 SUITE_VERSIONS = {"bpb": "eval-bpb-v2", "completion": comp.COMPLETION_CODE_VERSION,
                   "humaneval": he.HUMANEVAL_CODE_VERSION}
 
@@ -31,7 +35,7 @@ SUITE_VERSIONS = {"bpb": "eval-bpb-v2", "completion": comp.COMPLETION_CODE_VERSI
 @dataclass
 class EvalModel:
     model: torch.nn.Module
-    tokenizer: object  # a transformers fast tokenizer
+    tokenizer: PreTrainedTokenizerBase  # a transformers fast tokenizer
     device: torch.device
 
     @property
@@ -47,7 +51,8 @@ def load_eval_model(hf_dir: Path, device: torch.device | None = None) -> EvalMod
     tok = AutoTokenizer.from_pretrained(str(hf_dir))
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
-    model = AutoModelForCausalLM.from_pretrained(str(hf_dir)).to(device).eval()
+    model: torch.nn.Module = AutoModelForCausalLM.from_pretrained(str(hf_dir))
+    model = model.to(device).eval()
     return EvalModel(model, tok, device)
 
 
@@ -137,7 +142,8 @@ def score_humaneval(samples: list[dict], problems: dict[str, he.Problem], cfg: E
                     sandbox: Sandbox) -> tuple[pl.DataFrame, dict]:
     """Execute samples (from generation or a samples file) and aggregate by problem."""
     h = cfg.humaneval
-    rows_all, summary = [], {"problems": len(problems), "unsafe_no_sandbox": h.unsafe_no_sandbox}
+    rows_all: list[dict] = []
+    summary: dict[str, Any] = {"problems": len(problems), "unsafe_no_sandbox": h.unsafe_no_sandbox}
     for mode in ("greedy", "sampled"):
         chosen = [s for s in samples if s.get("mode", "greedy") == mode]
         if not chosen:

@@ -12,9 +12,11 @@ def llama_config(cfg: ModelConfig, vocab_size: int, max_len: int, eos_id: int, p
     return LlamaConfig(
         vocab_size=vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
         num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads,
-        num_key_value_heads=cfg.num_kv_heads, max_position_embeddings=max_len, rope_theta=cfg.rope_theta,
+        num_key_value_heads=cfg.num_kv_heads, max_position_embeddings=max_len,
+        # transformers 5 reads the legacy keyword into rope_parameters (4.x takes it as is); its hints omit it.
+        rope_theta=cfg.rope_theta,  # type: ignore[call-arg]
         bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=pad_id, tie_word_embeddings=True,
-        attention_dropout=0.0,
+        attention_dropout=cfg.attention_dropout,
     )
 
 

@@ -126,7 +126,7 @@ class Checkpointer:
     def load(self, step: int, model, optimizer, scheduler) -> dict[str, Any]:
         d = step_dir(self.root, step)
         msd, osd = get_state_dict(model, optimizer)
-        state = {"model": msd, "optim": osd}
+        state: dict[str, Any] = {"model": msd, "optim": osd}
         dcp.load(state, checkpoint_id=str(d / "dcp"))
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
         trainer_state = torch.load(d / "trainer.pt", map_location="cpu", weights_only=False)

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.distributed as dist
+
+if TYPE_CHECKING:
+    from torch.distributed.fsdp import FSDPModule
 
 
 @dataclass(frozen=True)
@@ -42,7 +46,8 @@ def setup(device_pref: str) -> Dist:
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The transformer blocks of a transformers causal LM (Llama-style ``model.model.layers``, peft-aware)."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    get_base = getattr(model, "get_base_model", None)  # a peft model wraps the transformers one
+    base = get_base() if callable(get_base) else model
     inner = getattr(base, "model", base)
     layers = getattr(inner, "layers", None)
     if layers is None:
@@ -77,7 +82,7 @@ def set_grad_sync(module: torch.nn.Module, kind: str, sync: bool):
     from contextlib import nullcontext
 
     if kind == "fsdp":
-        module.set_requires_gradient_sync(sync)
+        cast("FSDPModule", module).set_requires_gradient_sync(sync)  # wrap() applied fully_shard
         return nullcontext()
     if isinstance(module, torch.nn.parallel.DistributedDataParallel) and not sync:
         return module.no_sync()
