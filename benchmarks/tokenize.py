@@ -19,7 +19,7 @@ from tokenizers import Tokenizer
 
 from codemill.config import IngestConfig, TokenizeConfig
 from codemill.data.ingest import run_ingest
-from codemill.data.tokenize_stage import build_tokenizer, run_tokenize
+from codemill.data.tokenize import build_tokenizer, run_tokenize
 
 
 def main() -> None:

@@ -22,7 +22,7 @@ import torch
 
 from codemill.config import IngestConfig, TokenizeConfig, load_preset
 from codemill.data.ingest import run_ingest
-from codemill.data.tokenize_stage import build_tokenizer, run_tokenize
+from codemill.data.tokenize import build_tokenizer, run_tokenize
 from codemill.models.build import build_model
 from codemill.models.trainer import TrainSpec, train
 

@@ -33,7 +33,7 @@ def assign_split(key: str, val_fraction: float, salt: str) -> str:
     return "val" if u < val_fraction else "train"
 
 
-class ShardWriter:
+class ParquetShardWriter:
     """Appends rows and cuts a Parquet shard whenever max_rows or max_bytes (of content) is reached.
 
     Holds at most one shard's rows. Shards are named in order; ``close`` writes the rest (an empty shard

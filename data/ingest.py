@@ -24,7 +24,7 @@ import numpy as np
 import polars as pl
 
 from codemill.config import IngestConfig
-from codemill.data.corpus import CORPUS_SCHEMA, ShardWriter, assign_split, split_key
+from codemill.data.corpus import CORPUS_SCHEMA, ParquetShardWriter, assign_split, split_key
 from codemill.data.decontaminate import NgramIndex, build_index, contamination_of, load_eval_texts
 from codemill.data.dedup import normalized_hash, resolve_duplicates
 from codemill.data.filters import apply_filters, language_expr
@@ -176,7 +176,7 @@ def work_chunk(spec: ChunkSpec, proc: Processing, cache: ChunkCache) -> ChunkRes
     return ChunkResult(key, reused, ledger, cands)
 
 
-Mapper = Callable[[Callable[[ChunkSpec], ChunkResult], list[ChunkSpec]], Iterable[ChunkResult]]
+ChunkMapper = Callable[[Callable[[ChunkSpec], ChunkResult], list[ChunkSpec]], Iterable[ChunkResult]]
 
 
 def fingerprint_sources(cfg: IngestConfig) -> list[dict]:
@@ -185,7 +185,7 @@ def fingerprint_sources(cfg: IngestConfig) -> list[dict]:
 
 
 def run_ingest(cfg: IngestConfig, out_dir: Path, cache: ChunkCache | None = None,
-               progress: Callable[[str], None] | None = None, mapper: Mapper | None = None) -> dict:
+               progress: Callable[[str], None] | None = None, mapper: ChunkMapper | None = None) -> dict:
     """Write train/ and val/ shards plus audit tables under out_dir; return the stats for the manifest."""
     say = progress or (lambda _m: None)
     tmp = None
@@ -199,7 +199,7 @@ def run_ingest(cfg: IngestConfig, out_dir: Path, cache: ChunkCache | None = None
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _run(cfg: IngestConfig, out_dir: Path, cache: ChunkCache, say: Callable[[str], None], mapper: Mapper) -> dict:
+def _run(cfg: IngestConfig, out_dir: Path, cache: ChunkCache, say: Callable[[str], None], mapper: ChunkMapper) -> dict:
     proc = prepare(cfg)
     specs: list[ChunkSpec] = []
     for i, src in enumerate(cfg.sources):
@@ -227,7 +227,7 @@ def _empty_ledger() -> pl.DataFrame:
 
 def _write_outputs(cfg: IngestConfig, out_dir: Path, results: list[ChunkResult], ledger: pl.DataFrame,
                    cache: ChunkCache, say: Callable[[str], None]) -> dict[str, list[dict]]:
-    writers = {s: ShardWriter(out_dir / s, s, cfg.shard_max_rows, cfg.shard_max_bytes, cfg.split_unit)
+    writers = {s: ParquetShardWriter(out_dir / s, s, cfg.shard_max_rows, cfg.shard_max_bytes, cfg.split_unit)
                for s in ("train", "val")}
     keep = ledger.filter(pl.col("reason").is_null()).select("chunk", "row")
     for c, r in enumerate(results):

@@ -56,7 +56,7 @@ class Packer:
         return len(self.buf)
 
 
-class ShardWriter:
+class TokenShardWriter:
     """Collect packed rows; write [n, seq_len] token and position .npy shards of at most rows_per_shard rows."""
 
     def __init__(self, out_dir: Path, seq_len: int, dtype: np.dtype, rows_per_shard: int) -> None:

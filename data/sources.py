@@ -18,6 +18,7 @@ import hashlib
 import json
 import os
 import sys
+import sysconfig
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,10 +31,12 @@ from codemill.data.folder_source import (
     Rejections,
     check_source_root,
     decode_source,
+    fingerprint_source,
     git_commit,
     iter_candidates,
     read_source_file,
 )
+from codemill.hashing import sha256_file
 
 RAW_SCHEMA = {"source": pl.Int32, "repo": pl.String, "path": pl.String, "content": pl.String, "bytes": pl.Int64,
               "sha256": pl.String, "source_commit": pl.String, "reason": pl.String}
@@ -58,7 +61,6 @@ class ChunkSpec:
 
 
 def stdlib_root() -> str:
-    import sysconfig
     return sysconfig.get_paths()["stdlib"]
 
 
@@ -346,7 +348,6 @@ def _str_column(frame: pl.DataFrame, name: str | None, fallback: list[str]) -> l
 
 def source_fingerprint(src: SourceConfig) -> dict[str, Any]:
     """What identifies a source's content, cheaply: file hashes (folder), ETag/size (URLs), dataset hash (HF)."""
-    from codemill.data.local_source import fingerprint_source
     if src.kind == "folder":
         root = folder_root(src)
         digest, n = fingerprint_source(root, list(src.include), list(src.exclude), list(src.skip_dirs))
@@ -366,7 +367,6 @@ def source_fingerprint(src: SourceConfig) -> dict[str, Any]:
 def _local_sha(fs, path: str, info: dict) -> str:
     protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
     if "file" in protocols:
-        from codemill.hashing import sha256_file
         return sha256_file(path)
     return f"mtime:{info.get('mtime') or info.get('LastModified')}"
 

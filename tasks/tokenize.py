@@ -9,7 +9,7 @@ from prefect import get_run_logger
 
 from codemill import progress
 from codemill.config import TokenizeConfig
-from codemill.data.tokenize_stage import TOKENIZE_CODE_VERSION, TOKENIZER_CODE_VERSION, build_tokenizer, run_tokenize
+from codemill.data.tokenize import TOKENIZE_CODE_VERSION, TOKENIZER_CODE_VERSION, build_tokenizer, run_tokenize
 from codemill.lineage import Lineage
 from codemill.plan import StagePlan, external_input
 from codemill.store import ArtifactRef, ArtifactWriter, Manifest

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from codemill.config import IngestConfig, SourceConfig
-from codemill.data.local_source import SourceNotFoundError
+from codemill.data.folder_source import SourceNotFoundError
 
 INGEST_ONCE = """
 import json, sys

@@ -1,4 +1,5 @@
-"""Exact resume: a torchrun job SIGKILLed mid-run and restarted ends with the same losses and weights."""
+"""Exact resume: a torchrun job SIGKILLed mid-run and restarted ends with the same losses and weights (trained
+with dropout, so the data position, optimizer, scheduler and RNG states must all be restored)."""
 
 from __future__ import annotations
 
@@ -10,17 +11,20 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from safetensors.torch import load_file
 
 from codemill.config import IngestConfig, ModelConfig, SourceConfig, TokenizeConfig, TrainConfig
 from codemill.data.ingest import run_ingest
-from codemill.data.tokenize_stage import build_tokenizer, run_tokenize
+from codemill.data.tokenize import build_tokenizer, run_tokenize
+from codemill.models.build import build_model
 from codemill.models.checkpoint import committed_steps
 from codemill.models.launch import torchrun_command
 from codemill.models.trainer import TrainSpec
 
 pytestmark = pytest.mark.integration
 STEPS, EVERY, KILL_AT = 16, 5, 12
+DROPOUT = 0.1  # the resume test trains with dropout, so the restored RNG states decide the losses after the resume
 
 
 @pytest.fixture(scope="module")
@@ -34,10 +38,14 @@ def tokens(small_corpus, tmp_path_factory) -> Path:
     return root / "tokens"
 
 
-def _spec(tokens: Path, work: Path, parallelism: str) -> Path:
+def _model(dropout: float = 0.0) -> ModelConfig:
+    return ModelConfig(hidden_size=64, intermediate_size=160, num_layers=2, num_heads=4, num_kv_heads=2,
+                       attention_dropout=dropout)
+
+
+def _spec(tokens: Path, work: Path, parallelism: str, dropout: float = 0.0) -> Path:
     stats = json.loads((tokens / "stats.json").read_text())
-    cfg = TrainConfig(model=ModelConfig(hidden_size=64, intermediate_size=160, num_layers=2, num_heads=4,
-                                        num_kv_heads=2),
+    cfg = TrainConfig(model=_model(dropout),
                       parallelism=parallelism, nproc_per_node=2, device="cpu", max_steps=STEPS, micro_batch_size=4,
                       grad_accum_steps=2, lr=3e-3, warmup_steps=3, schedule="wsd", checkpoint_every=EVERY,
                       keep_checkpoints=2, log_every=1)
@@ -77,14 +85,29 @@ def _weights(work: Path) -> dict:
     return load_file(str(work / "out" / "hf" / "model.safetensors"))
 
 
+def test_dropout_consumes_the_rng():
+    """The resume test below relies on this: with attention dropout the training loss depends on the torch RNG,
+    so a resume that did not restore each rank's RNG state would diverge from the straight run."""
+    model = build_model(_model(DROPOUT), 512, 64, 0, 1, seed=0)
+    assert model.config.attention_dropout == DROPOUT
+    x = torch.randint(0, 512, (2, 32), generator=torch.Generator().manual_seed(0))
+    model.train()
+    torch.manual_seed(1)
+    first, second = model(input_ids=x, labels=x).loss, model(input_ids=x, labels=x).loss
+    torch.manual_seed(1)
+    assert first != second and model(input_ids=x, labels=x).loss == first  # random masks, fixed by the RNG state
+    model.eval()
+    assert model(input_ids=x, labels=x).loss == model(input_ids=x, labels=x).loss  # no dropout at eval
+
+
 @pytest.mark.parametrize("parallelism", ["ddp", "fsdp"])
 def test_sigkill_and_resume_is_exact(tokens, tmp_path, parallelism):
     straight = tmp_path / "straight"
-    _run(_spec(tokens, straight, parallelism))
+    _run(_spec(tokens, straight, parallelism, DROPOUT))
     reference = json.loads((straight / "out" / "train_summary.json").read_text())
 
     resumed = tmp_path / "resumed"
-    spec = _spec(tokens, resumed, parallelism)
+    spec = _spec(tokens, resumed, parallelism, DROPOUT)
     _run(spec, kill_at=KILL_AT)
     assert not (resumed / "out" / "train_summary.json").exists()
     last = committed_steps(resumed / "ckpt")

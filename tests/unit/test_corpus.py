@@ -1,6 +1,6 @@
 import polars as pl
 
-from codemill.data.corpus import CORPUS_SCHEMA, ShardWriter, assign_split, read_split, split_key
+from codemill.data.corpus import CORPUS_SCHEMA, ParquetShardWriter, assign_split, read_split, split_key
 
 
 def _rows(n, size=10, prefix="p/m"):
@@ -27,7 +27,7 @@ def test_assign_split_is_deterministic_and_near_fraction():
 
 
 def test_shards_bounded_by_rows_and_readable(tmp_path):
-    w = ShardWriter(tmp_path / "train", "train", max_rows=10, max_bytes=10**9)
+    w = ParquetShardWriter(tmp_path / "train", "train", max_rows=10, max_bytes=10**9)
     df = _rows(25)
     w.add(df.slice(0, 7))
     w.add(df.slice(7))
@@ -39,13 +39,13 @@ def test_shards_bounded_by_rows_and_readable(tmp_path):
 
 
 def test_shards_bounded_by_content_bytes(tmp_path):
-    w = ShardWriter(tmp_path / "train", "train", max_rows=1000, max_bytes=250)
+    w = ParquetShardWriter(tmp_path / "train", "train", max_rows=1000, max_bytes=250)
     w.add(_rows(10, size=100))
     shards = w.close()
     assert [s["rows"] for s in shards] == [2, 2, 2, 2, 2] and max(s["bytes"] for s in shards) <= 250
 
 
 def test_an_empty_split_still_gets_a_readable_shard(tmp_path):
-    shards = ShardWriter(tmp_path / "val", "val", 10, 100).close()
+    shards = ParquetShardWriter(tmp_path / "val", "val", 10, 100).close()
     assert shards[0]["rows"] == 0
     assert pl.read_parquet(tmp_path / shards[0]["file"]).columns == list(CORPUS_SCHEMA)

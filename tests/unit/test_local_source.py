@@ -1,12 +1,20 @@
 import os
+import shutil
+import subprocess
 
 import polars as pl
 import pytest
 
 from codemill.config import DEFAULT_LANGUAGES, SourceConfig
 from codemill.data.filters import language_expr
-from codemill.data.globs import dir_excluded, matches_any
-from codemill.data.local_source import SourceNotFoundError, decode_source, fingerprint_source
+from codemill.data.folder_source import (
+    SourceNotFoundError,
+    decode_source,
+    dir_excluded,
+    fingerprint_source,
+    git_commit,
+    matches_any,
+)
 from codemill.data.sources import plan_chunks, read_chunk
 
 
@@ -103,11 +111,6 @@ def test_fingerprint_tracks_content_not_mtime(tmp_path):
 
 
 def test_git_repository_records_commit_and_skips_vcs_dirs(tmp_path):
-    import shutil
-    import subprocess
-
-    from codemill.data.local_source import git_commit
-
     if shutil.which("git") is None:
         pytest.skip("git is not installed")
     repo = tmp_path / "proj"

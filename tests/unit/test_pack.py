@@ -1,6 +1,6 @@
 import numpy as np
 
-from codemill.data.pack import Packer, ShardWriter, open_token_shards, token_dtype
+from codemill.data.pack import Packer, TokenShardWriter, open_token_shards, token_dtype
 from codemill.data.tokenizer import EOS_TOKEN, train_bpe
 
 
@@ -29,7 +29,7 @@ def test_positions_restart_per_document_and_per_row():
 
 
 def test_shard_writer_memmaps(tmp_path):
-    w = ShardWriter(tmp_path / "train", seq_len=3, dtype=np.dtype(np.uint16), rows_per_shard=2)
+    w = TokenShardWriter(tmp_path / "train", seq_len=3, dtype=np.dtype(np.uint16), rows_per_shard=2)
     for i in range(5):
         w.add(np.array([i, i, i]))
     w.flush()

@@ -1,4 +1,4 @@
-"""Reading a local directory of source files into rows, with every rejected file counted by reason.
+"""Reading a folder of source files (a local directory) into rows, with every rejected file counted by reason.
 
 Rejections never stop the run: binary files, invalid UTF-8, empty files, files too large, unreadable files,
 symlink loops and broken links are each counted under their reason and listed (path, reason) so nothing is
@@ -11,17 +11,51 @@ import errno
 import fnmatch
 import hashlib
 import os
+import re
 import stat
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
-from codemill.data.globs import dir_excluded, matches_any
 from codemill.hashing import sha256_file
 
 BINARY_SNIFF_BYTES = 8192
 VCS_DIRS = frozenset({".git", ".hg", ".svn"})  # never corpus content, whatever the include patterns say
+
+
+@lru_cache(maxsize=256)
+def glob_regex(pattern: str) -> re.Pattern[str]:
+    """A glob over relative POSIX paths as a regex: ``**`` spans any number of folders (as in .gitignore)."""
+    i, out = 0, []
+    while i < len(pattern):
+        if pattern.startswith("**/", i):
+            out.append("(?:.*/)?")
+            i += 3
+        elif pattern.startswith("**", i):
+            out.append(".*")
+            i += 2
+        elif pattern[i] == "*":
+            out.append("[^/]*")
+            i += 1
+        elif pattern[i] == "?":
+            out.append("[^/]")
+            i += 1
+        else:
+            out.append(re.escape(pattern[i]))
+            i += 1
+    return re.compile("".join(out) + r"\Z")
+
+
+def matches_any(relpath: str, patterns: list[str]) -> bool:
+    return any(glob_regex(p).match(relpath) for p in patterns)
+
+
+def dir_excluded(reldir: str, patterns: list[str]) -> bool:
+    """A folder is pruned when everything under it is excluded (``dir/**`` style patterns)."""
+    probe = f"{reldir}/\0probe"
+    return any(p.endswith("/**") and glob_regex(p).match(probe) for p in patterns)
 
 
 class SourceNotFoundError(FileNotFoundError):

@@ -17,7 +17,7 @@ from tokenizers import Tokenizer
 
 from codemill.config import TokenizeConfig
 from codemill.data import fim
-from codemill.data.pack import Packer, ShardWriter, token_dtype
+from codemill.data.pack import Packer, TokenShardWriter, token_dtype
 from codemill.data.tokenizer import (
     load_tokenizer,
     load_tokenizer_info,
@@ -28,7 +28,7 @@ from codemill.data.tokenizer import (
 
 TOKENIZER_CODE_VERSION = "tokenizer-v2"
 TOKENIZE_CODE_VERSION = "tokenize-v2"
-Mapper = Callable[[Callable[[Path], "EncodedShard"], list[Path]], Iterable["EncodedShard"]]
+ShardMapper = Callable[[Callable[[Path], "EncodedShard"], list[Path]], Iterable["EncodedShard"]]
 
 
 def train_shards(corpus_dir: Path) -> list[Path]:
@@ -99,12 +99,12 @@ def encode_shard(shard: Path, tokenizer_dir: Path, cfg: TokenizeConfig) -> Encod
 
 
 def run_tokenize(cfg: TokenizeConfig, corpus_dir: Path, tokenizer_dir: Path, out_dir: Path,
-                 progress: Callable[[int, int], None] | None = None, mapper: Mapper | None = None) -> dict:
+                 progress: Callable[[int, int], None] | None = None, mapper: ShardMapper | None = None) -> dict:
     """Encode shards (through ``mapper``, e.g. on Ray workers) and pack them in shard order, so the packed rows
     do not depend on where or in which order the shards were encoded."""
     info = load_tokenizer_info(tokenizer_dir)
     tok = load_tokenizer(tokenizer_dir)
-    writer = ShardWriter(out_dir / "train", cfg.seq_len, token_dtype(info["vocab_size"]), cfg.sequences_per_shard)
+    writer = TokenShardWriter(out_dir / "train", cfg.seq_len, token_dtype(info["vocab_size"]), cfg.sequences_per_shard)
     packer = Packer(info["eos_id"], cfg.seq_len)
     shards = train_shards(corpus_dir)
     n_tokens = n_files = n_bytes = n_fim = 0
@@ -134,7 +134,7 @@ def run_tokenize(cfg: TokenizeConfig, corpus_dir: Path, tokenizer_dir: Path, out
 def pack_plain_split(split_dir: Path, tok: Tokenizer, info: dict, cfg: TokenizeConfig, out_dir: Path) -> int:
     """Held-out rows for the trainer's validation loss (no FIM: plain left-to-right text)."""
     plain = DocumentEncoder(tok, info, cfg.model_copy(update={"fim_rate": 0.0}))
-    writer = ShardWriter(out_dir, cfg.seq_len, token_dtype(info["vocab_size"]), cfg.sequences_per_shard)
+    writer = TokenShardWriter(out_dir, cfg.seq_len, token_dtype(info["vocab_size"]), cfg.sequences_per_shard)
     packer = Packer(info["eos_id"], cfg.seq_len)
     for shard in sorted(split_dir.glob("*.parquet")):
         df = pl.read_parquet(shard, columns=["content", "sha256"])
