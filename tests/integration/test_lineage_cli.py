@@ -110,7 +110,8 @@ def test_lineage_tree_text_shows_each_link(lineage_runs):
                                            ("not-an-id", "is not a model id")])
 def test_lineage_of_an_unknown_id_fails_clearly(lineage_runs, ident, message):
     res = _cli(lineage_runs, "lineage", ident)
-    assert res.exit_code != 0 and message in res.output, res.output
+    assert res.exit_code == 2, (res.exit_code, res.output)  # the README promises 2 for an id that names nothing
+    assert message in res.output and repr(ident) in res.output, res.output  # says what was not found
 
 
 def test_compare_matches_the_gate_of_the_second_run(lineage_runs):
@@ -141,4 +142,5 @@ def test_compare_table_and_reverse(lineage_runs):
         line = next(ln for ln in res.output.splitlines() if m["metric"] + " " in ln)
         assert f"{-m['diff'] + 0.0:+.4f}" in line and str(m["n_items"]) in line, line
     bad = _cli(lineage_runs, "compare", first["model_id"], "m-0123456789abcdef")
-    assert bad.exit_code != 0 and "no LoggedModel" in bad.output
+    assert bad.exit_code == 2, (bad.exit_code, bad.output)
+    assert "no LoggedModel 'm-0123456789abcdef'" in bad.output, bad.output
