@@ -39,7 +39,7 @@ def test_serve_registers_schedule_and_runs_a_triggered_deployment(small_corpus, 
     from prefect.deployments import run_deployment
     from prefect.settings import PREFECT_API_URL
 
-    from codemill.lineage import TAG_FLOW_RUN, Lineage
+    from codemill.lineage import Lineage
 
     log = tmp_path / "serve.log"
     env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value()}
@@ -73,9 +73,8 @@ def test_serve_registers_schedule_and_runs_a_triggered_deployment(small_corpus, 
                 artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run.id])))}
         assert {"ingest-stats", "mlflow-run"} <= keys
         lineage = Lineage(cfg.mlflow_tracking_uri, cfg.name)
-        parents = lineage.client.search_runs([lineage.experiment_id],
-                                             filter_string=f"tags.`{TAG_FLOW_RUN}` = '{run.id}'")
-        assert [p.info.status for p in parents] == ["FINISHED"]
+        parents = lineage.flow_runs(str(run.id))
+        assert [lineage.client.get_run(p).info.status for p in parents] == ["FINISHED"]
     finally:
         kill_group(proc, signal.SIGINT, grace_s=30)  # SIGINT: serve shuts down and pauses its schedules
 

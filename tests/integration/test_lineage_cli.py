@@ -51,7 +51,8 @@ def _assert_full_chain(tree: dict, runs: dict[str, Any], run: dict) -> None:
     assert ckpt["attrs"]["run_id"] == run["stages"]["train"]["run_id"]
     (train,) = ckpt["children"]
     assert train["kind"] == "training_run" and train["attrs"]["run_id"] == run["stages"]["train"]["run_id"]
-    (tokens,) = train["children"]
+    assert sorted(c["kind"] for c in train["children"]) == ["tokenizer", "tokens"]  # the trainer's two inputs
+    (tokens,) = [c for c in train["children"] if c["kind"] == "tokens"]
     assert tokens["kind"] == "tokens" and tokens["attrs"]["digest"] == _digest(run, "tokenize")
     assert tokens["attrs"]["run_id"] == run["stages"]["tokenize"]["run_id"]
     corpus = [n for n in _nodes(tree, "corpus") if n["children"]]
@@ -60,8 +61,9 @@ def _assert_full_chain(tree: dict, runs: dict[str, Any], run: dict) -> None:
     (source,) = corpus[0]["children"]
     assert source["kind"] == "source" and source["attrs"]["root"] == cfg.ingest.sources[0].path
     assert len(source["attrs"]["fingerprint"]) == 64
-    (tokenizer,) = _nodes(tree, "tokenizer")
-    assert tokenizer["attrs"]["digest"] == _digest(run, "tokenizer")
+    tokenizers = _nodes(tree, "tokenizer")  # an input of train and of tokenize: expanded once, then referenced
+    assert [n["title"].endswith("(shown above)") for n in tokenizers].count(False) == 1
+    assert {n["attrs"]["digest"] for n in tokenizers} == {_digest(run, "tokenizer")}
 
 
 def test_lineage_of_a_model_id_walks_to_the_sources(lineage_runs):
