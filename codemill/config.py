@@ -78,6 +78,10 @@ class SourceConfig(StageConfig):
     exclude: list[str] = Field(DEFAULT_EXCLUDES, description="Folder sources: glob patterns to skip.")
     skip_dirs: list[str] = Field(DEFAULT_SKIP_DIRS, description="Folder sources: folder names never entered "
                                                                 "(VCS, vendored, build output, caches).")
+    follow_external_symlinks: bool = Field(False, description="Folder sources: read file symlinks whose target "
+                                                              "lies outside the folder. Off by default: a cloned "
+                                                              "repository is untrusted input, and a link to a "
+                                                              "credentials file would carry it into the corpus.")
     content_column: str = Field("content", description="Table sources: the column holding file text.")
     path_column: str | None = Field("path", description="Table sources: file path column (absent = row-N).")
     repo_column: str | None = Field("repo", description="Table sources: repository column (absent = repo).")

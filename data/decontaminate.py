@@ -19,7 +19,8 @@ import numpy as np
 import polars as pl
 
 from codemill.config import DecontaminationConfig, EvalSetConfig
-from codemill.data.shingles import NgramHashes, ngram_hashes
+from codemill.data.shingles import NgramHashes, ngram_hashes, ngrams_from_tokens
+from codemill.data.steps import ChunkContext, Step, reject
 
 MIN_NGRAMS = 3
 
@@ -127,3 +128,18 @@ def contamination_of(ng: NgramHashes, index: NgramIndex) -> tuple[np.ndarray, li
         best[d] = frac[k]
         label[d] = index.labels[int(pair[1][k])]
     return best, label
+
+
+def _decontamination_step(live: pl.DataFrame, ctx: ChunkContext) -> pl.DataFrame:
+    """Overlap with the eval texts (0 when decontamination is off) on the chunk's shared tokenisation."""
+    cfg = ctx.proc.cfg.decontamination
+    overlap, matched = np.zeros(live.height), list[str | None]([None] * live.height)
+    if ctx.proc.index is not None and live.height:
+        flat, lengths = ctx.tokens(live)
+        overlap, matched = contamination_of(ngrams_from_tokens(flat, lengths, cfg.ngram), ctx.proc.index)
+    return live.with_columns(pl.Series("contamination", overlap),
+                             pl.Series("contaminated_by", matched, dtype=pl.String)).with_columns(
+        reject(pl.col("contamination") >= cfg.threshold, "contaminated"))
+
+
+DECONTAMINATION = Step("decontamination", ("contaminated",), _decontamination_step)

@@ -13,7 +13,9 @@ import hashlib
 import numpy as np
 import polars as pl
 
-from codemill.data.minhash import keep_one_per_component, lsh_components
+from codemill.data.minhash import band_keys, keep_one_per_component, lsh_components, signatures
+from codemill.data.shingles import ngrams_from_tokens
+from codemill.data.steps import ChunkContext, Step
 
 
 def normalized_hash(content: pl.Series) -> pl.Series:
@@ -51,3 +53,25 @@ def resolve_duplicates(candidates: pl.DataFrame, near: bool) -> pl.DataFrame:
                             "kept_rank": rank[rep[dropped]]}, schema={"rank": pl.Int64, "reason": pl.String,
                                                                      "kept_rank": pl.Int64})
     return pl.concat([exact.cast({"rank": pl.Int64, "kept_rank": pl.Int64}), near_df])
+
+
+def _minhash_step(live: pl.DataFrame, ctx: ChunkContext) -> pl.DataFrame:
+    """LSH band keys per row, from the text before redaction (a placeholder changes a few shingles at most)."""
+    nd, proc = ctx.proc.cfg.near_dedup, ctx.proc
+    flat, lengths = ctx.tokens(live)
+    keys = band_keys(signatures(ngrams_from_tokens(flat, lengths, nd.ngram), nd.num_perm, nd.seed), proc.bands,
+                     proc.rows)
+    return live.with_columns(pl.Series("bands", keys, dtype=pl.Array(pl.UInt64, proc.bands)),
+                             pl.Series("lsh_valid", lengths >= nd.ngram))
+
+
+def _exact_hash_step(live: pl.DataFrame, ctx: ChunkContext) -> pl.DataFrame:
+    """The exact-dedup hash of what will be written (after redaction)."""
+    return live.with_columns(normalized_hash(live["content"]))
+
+
+# Per chunk: the keys the corpus-wide dedup compares. Corpus-wide: ``resolve_duplicates`` gives the reasons.
+MINHASH = Step("minhash", (), _minhash_step)
+EXACT_HASH = Step("exact_hash", (), _exact_hash_step)
+EXACT_DEDUP = Step("exact_dedup", ("exact_duplicate",))
+NEAR_DEDUP = Step("near_dedup", ("near_duplicate",))

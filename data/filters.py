@@ -4,7 +4,7 @@ Defaults are The Stack / StarCoder's (bigcode-dataset ``preprocessing/arguments.
 mean line length 100, alphanumeric fraction 0.25; CodeParrot's auto-generated markers in the first 5 lines;
 StarCoder2's encoded-data rule (a base64, hex or ``\\u`` run over 1024 characters, or runs covering over half
 the file). Minified code is caught by the line-length rules. Each rejected row gets the first reason that
-applies, in the order of ``FILTER_REASONS``.
+applies, in the order ``FILTER`` declares them.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from __future__ import annotations
 import polars as pl
 
 from codemill.config import FilterConfig
+from codemill.data.steps import ChunkContext, Step, reject
 
-FILTER_REASONS = ("max_line_length", "mean_line_length", "alnum_fraction", "auto_generated", "encoded_data")
 ENCODED_PATTERNS = (
     r"[A-Za-z0-9+/\n=]{64,}",
     r"(?:\b(?:0x|\\x)?[0-9a-fA-F]{2}(?:,|\b\s*)){8,}",
@@ -62,3 +62,18 @@ def apply_filters(df: pl.DataFrame, cfg: FilterConfig) -> pl.DataFrame:
     """Adds the statistic columns and ``reason`` (null = kept) to a frame with a ``content`` column."""
     head = (pl.col("content").str.split("\n").list.head(cfg.autogen_lines).list.join("\n").str.to_lowercase())
     return df.with_columns(filter_stats(pl.col("content"))).with_columns(filter_reason(cfg, head).alias("reason"))
+
+
+def _language_step(live: pl.DataFrame, ctx: ChunkContext) -> pl.DataFrame:
+    allow = ctx.proc.cfg.allow_languages
+    return live.with_columns(reject(~pl.col("language").is_in(allow), "language_not_allowed")) if allow else live
+
+
+def _filter_step(live: pl.DataFrame, ctx: ChunkContext) -> pl.DataFrame:
+    """The statistic columns are dropped again: only the reason is kept."""
+    return apply_filters(live, ctx.proc.cfg.filters).select(*live.columns) if live.height else live
+
+
+LANGUAGE = Step("language", ("language_not_allowed",), _language_step)
+FILTER = Step("filter", ("max_line_length", "mean_line_length", "alnum_fraction", "auto_generated", "encoded_data"),
+              _filter_step)

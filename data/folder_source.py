@@ -1,15 +1,18 @@
 """Reading a folder of source files (a local directory) into rows, with every rejected file counted by reason.
 
 Rejections never stop the run: binary files, invalid UTF-8, empty files, files too large, unreadable files,
-symlink loops and broken links are each counted under their reason and listed (path, reason) so nothing is
-silently lost. A missing or non-directory source root is an immediate error.
+symlink loops, broken links, symlinked folders and file links that lead out of the root (or into its VCS
+folder) are each counted under their reason and listed (path, reason) so nothing is silently lost. A missing
+or non-directory source root is an immediate error.
 """
 
 from __future__ import annotations
 
 import errno
+import fcntl
 import fnmatch
 import hashlib
+import io
 import os
 import re
 import stat
@@ -19,10 +22,11 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-from codemill.hashing import sha256_file
-
 BINARY_SNIFF_BYTES = 8192
 VCS_DIRS = frozenset({".git", ".hg", ".svn"})  # never corpus content, whatever the include patterns say
+FOLDER_REASONS = ("unreadable", "unreadable_dir", "symlinked_dir_not_followed", "symlink_outside_root",
+                  "symlink_into_vcs_dir", "symlink_loop", "broken_symlink", "not_regular_file", "too_large", "empty",
+                  "binary", "invalid_utf8")
 
 
 @lru_cache(maxsize=256)
@@ -117,25 +121,85 @@ def iter_candidates(root: Path, include: list[str], exclude: list[str],
                 yield rel, Path(dirpath) / name
 
 
-def read_source_file(abspath: Path, max_bytes: int) -> tuple[bytes | None, str | None]:
-    """Raw bytes of a regular file, or (None, reason) when it cannot be taken."""
+def _inside(path: str, real_root: str) -> bool:
+    return path == real_root or path.startswith(real_root.rstrip(os.sep) + os.sep)
+
+
+def _opened_path(fd: int, path: str) -> str:
+    """The real path of an open file: /proc/self/fd (Linux), F_GETPATH (macOS), else the path resolved now."""
     try:
-        st = os.stat(abspath)  # follows file symlinks
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        pass
+    getpath = getattr(fcntl, "F_GETPATH", None)
+    if getpath is not None:
+        return os.fsdecode(fcntl.fcntl(fd, getpath, bytes(4096)).rstrip(b"\0"))
+    return os.path.realpath(path)
+
+
+def _escape(real: str, real_root: str, follow_external: bool) -> str | None:
+    """Why a file at real path ``real`` may not be read: it lies outside the root, or in a VCS folder."""
+    if not _inside(real, real_root):
+        return None if follow_external else "symlink_outside_root"
+    parts = os.path.relpath(real, real_root).split(os.sep)
+    return "symlink_into_vcs_dir" if any(part in VCS_DIRS for part in parts) else None
+
+
+def open_source_file(real_root: str, rel: str, follow_external: bool = False) -> tuple[io.BufferedReader, int] | str:
+    """The open regular file ``rel`` under the (real) root and its size, or the reason it is refused.
+
+    A cloned repository is untrusted input: a file symlink whose target resolves outside the root (or into
+    its ``.git``) is refused, so a link to a credentials file never enters the corpus. The check runs on
+    the file actually opened (its path from the open descriptor), so swapping a path for a link between the
+    walk, the check and the read cannot get around it; a path that was not a link is opened with O_NOFOLLOW.
+    FIFOs and devices are refused before opening, and opening is non-blocking in case one is swapped in.
+    """
+    path = os.path.join(real_root, rel)
+    try:
+        is_link = stat.S_ISLNK(os.lstat(path).st_mode)
+        if is_link and (why := _escape(os.path.realpath(path), real_root, follow_external)):
+            return why
+        st = os.stat(path)  # follows file symlinks
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            return None, "symlink_loop"
+            return "symlink_loop"
         if exc.errno == errno.ENOENT:
-            return None, "broken_symlink"
-        return None, "unreadable"
+            return "broken_symlink"
+        return "unreadable"
     if not stat.S_ISREG(st.st_mode):
-        return None, "not_regular_file"
-    if st.st_size > max_bytes:
-        return None, "too_large"
+        return "not_regular_file"
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
-        with open(abspath, "rb") as fh:
-            raw = fh.read(max_bytes + 1)
+        fd = os.open(path, flags if is_link else flags | getattr(os, "O_NOFOLLOW", 0))
     except OSError:
-        return None, "unreadable"
+        return "unreadable"  # also a file replaced by a link since the lstat (O_NOFOLLOW: ELOOP)
+    fh = os.fdopen(fd, "rb")
+    try:
+        st = os.fstat(fd)
+        why = ("not_regular_file" if not stat.S_ISREG(st.st_mode)
+               else _escape(_opened_path(fd, path), real_root, follow_external))
+    except OSError:
+        why = "unreadable"
+    if why:
+        fh.close()
+        return why
+    return fh, st.st_size
+
+
+def read_source_file(real_root: str, rel: str, max_bytes: int,
+                     follow_external: bool = False) -> tuple[bytes | None, str | None]:
+    """Raw bytes of the regular file ``rel`` under the root, or (None, reason) when it cannot be taken."""
+    got = open_source_file(real_root, rel, follow_external)
+    if isinstance(got, str):
+        return None, got
+    fh, size = got
+    with fh:
+        if size > max_bytes:
+            return None, "too_large"
+        try:
+            raw = fh.read(max_bytes + 1)
+        except OSError:
+            return None, "unreadable"
     if len(raw) > max_bytes:
         return None, "too_large"
     return raw, None
@@ -170,21 +234,28 @@ def git_commit(root: str | Path) -> str | None:
     return lines[1] if len(lines[1]) in (40, 64) else None
 
 
-def fingerprint_source(root: str | Path, include: list[str], exclude: list[str],
-                       skip_dirs: list[str] | None = None) -> tuple[str, int]:
+def fingerprint_source(root: str | Path, include: list[str], exclude: list[str], skip_dirs: list[str] | None = None,
+                       follow_external: bool = False) -> tuple[str, int]:
     """sha256 over (relative path, content hash) of every candidate file: the source's content identity.
 
     Touching a file does not change it; editing, adding or removing one does. Unreadable entries enter by
-    their failure reason so that fixing them changes the fingerprint too. Returns (digest, file count).
+    their failure reason so that fixing them changes the fingerprint too; a link that is not read is not
+    followed here either. Returns (digest, file count).
     """
     root_path = check_source_root(root)
+    real_root = os.path.realpath(root_path)
     h = hashlib.sha256()
     n = 0
-    for rel, abspath in iter_candidates(root_path, include, exclude, skip_dirs=skip_dirs):
+    for rel, _ in iter_candidates(root_path, include, exclude, skip_dirs=skip_dirs):
         n += 1
-        try:
-            piece = sha256_file(abspath) if stat.S_ISREG(os.stat(abspath).st_mode) else "!not_regular_file"
-        except OSError as exc:
-            piece = f"!{exc.errno}"
+        got = open_source_file(real_root, rel, follow_external)
+        if isinstance(got, str):
+            piece = f"!{got}"
+        else:
+            with got[0] as fh:
+                try:
+                    piece = hashlib.file_digest(fh, "sha256").hexdigest()
+                except OSError:
+                    piece = "!unreadable"
         h.update(f"{rel}\0{piece}\n".encode())
     return h.hexdigest(), n

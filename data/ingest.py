@@ -20,28 +20,27 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
-import numpy as np
 import polars as pl
 
 from codemill.config import IngestConfig
 from codemill.data.corpus import CORPUS_SCHEMA, ParquetShardWriter, assign_split, split_key
-from codemill.data.decontaminate import NgramIndex, build_index, contamination_of, load_eval_texts
-from codemill.data.dedup import normalized_hash, resolve_duplicates
-from codemill.data.filters import apply_filters, language_expr
-from codemill.data.minhash import band_keys, optimal_bands, signatures
-from codemill.data.redact import PLACEHOLDERS, redact_column
-from codemill.data.shingles import ngrams_from_tokens, token_hashes
-from codemill.data.sources import ChunkSpec, default_repo, plan_chunks, read_chunk, source_fingerprint
+from codemill.data.decontaminate import DECONTAMINATION, build_index, load_eval_texts
+from codemill.data.dedup import EXACT_DEDUP, EXACT_HASH, MINHASH, NEAR_DEDUP, resolve_duplicates
+from codemill.data.filters import FILTER, LANGUAGE, language_expr
+from codemill.data.minhash import optimal_bands
+from codemill.data.redact import PLACEHOLDERS, REDACTION
+from codemill.data.sources import READ, ChunkSpec, default_repo, plan_chunks, read_chunk, source_fingerprint
+from codemill.data.steps import ChunkContext, Processing, check_reasons, run_steps, step_of
 from codemill.hashing import digest_of
 
 INGEST_CODE_VERSION = "ingest-v3"
-CHUNK_CODE_VERSION = "ingest-chunk-v2"  # v2: 32-bit MinHash permutations
-READ_REASONS = ("unreadable", "unreadable_dir", "symlink_loop", "broken_symlink", "not_regular_file", "too_large",
-                "empty", "binary", "invalid_utf8", "invalid_json", "null_content", "not_text")
-STEPS = {"read": READ_REASONS, "language": ("language_not_allowed",),
-         "filter": ("max_line_length", "mean_line_length", "alnum_fraction", "auto_generated", "encoded_data"),
-         "decontamination": ("contaminated",), "exact_dedup": ("exact_duplicate",),
-         "near_dedup": ("near_duplicate",)}
+# v2: 32-bit MinHash permutations; v3: steps as values, a row rejected before a step has nulls in its columns
+# (a filtered file's contamination was 0.0, as if measured)
+CHUNK_CODE_VERSION = "ingest-chunk-v3"
+# The ingest pipeline, in order: reading, the per-chunk steps, the corpus-wide dedup. The manifest counts each
+# rejection under the step that declares its reason.
+CHUNK_STEPS = (LANGUAGE, FILTER, DECONTAMINATION, MINHASH, REDACTION, EXACT_HASH)
+STEPS = (READ, *CHUNK_STEPS, EXACT_DEDUP, NEAR_DEDUP)
 LEDGER_COLUMNS = ["source", "repo", "path", "sha256", "bytes", "reason"]
 
 
@@ -70,17 +69,6 @@ class DirChunkCache:
         tmp = p.with_name(f".{p.name}.{uuid.uuid4().hex}.tmp")  # unique across processes, unlike id()
         df.write_parquet(tmp, compression="zstd")
         tmp.replace(p)  # atomic: a reader sees the whole chunk or none
-
-
-@dataclass(frozen=True)
-class Processing:
-    """Everything a worker needs to process a chunk: picklable, so chunks can run on other processes."""
-
-    cfg: IngestConfig
-    bands: int
-    rows: int
-    index: NgramIndex | None
-    digest: str
 
 
 @dataclass(frozen=True)
@@ -113,52 +101,10 @@ def chunk_key(raw: pl.DataFrame, proc: Processing) -> str:
 
 
 def process_chunk(raw: pl.DataFrame, proc: Processing) -> pl.DataFrame:
-    """Per-file steps over one chunk: language, filters, decontamination and MinHash bands (one shared
-    tokenisation), redaction, the exact-dedup hash."""
-    cfg = proc.cfg
-    df = raw.with_columns(language_expr(pl.col("path"), cfg.languages).alias("language"))
-    if cfg.allow_languages:
-        df = df.with_columns(pl.when(pl.col("reason").is_null() & ~pl.col("language").is_in(cfg.allow_languages))
-                             .then(pl.lit("language_not_allowed")).otherwise(pl.col("reason")).alias("reason"))
-    live = df.filter(pl.col("reason").is_null())
-    done = df.filter(pl.col("reason").is_not_null()).with_columns(pl.lit(None, pl.String).alias("content"))
-    if live.height:
-        live = apply_filters(live, cfg.filters).select(*df.columns)
-    ok = live["reason"].is_null().to_numpy() if live.height else np.zeros(0, bool)
-    flat, lengths = token_hashes(live["content"].filter(pl.Series(ok)))  # one tokenisation for both steps
-    overlap = np.zeros(live.height)
-    matched: list[str | None] = [None] * live.height
-    if proc.index is not None and ok.any():
-        o, lab = contamination_of(ngrams_from_tokens(flat, lengths, cfg.decontamination.ngram), proc.index)
-        overlap[ok] = o
-        it = iter(lab)
-        matched = [next(it) if k else None for k in ok]
-    ng = ngrams_from_tokens(flat, lengths, cfg.near_dedup.ngram)
-    keys = np.zeros((live.height, proc.bands), dtype=np.uint64)
-    keys[ok] = band_keys(signatures(ng, cfg.near_dedup.num_perm, cfg.near_dedup.seed), proc.bands, proc.rows)
-    valid = np.zeros(live.height, bool)
-    valid[ok] = lengths >= cfg.near_dedup.ngram
-    live = live.with_columns(pl.Series("contamination", overlap),
-                             pl.Series("contaminated_by", matched, dtype=pl.String),
-                             pl.Series("bands", keys, dtype=pl.Array(pl.UInt64, proc.bands)),
-                             pl.Series("lsh_valid", valid))
-    live = live.with_columns(pl.when(pl.col("reason").is_null() & (pl.col("contamination")
-                                                                   >= cfg.decontamination.threshold))
-                             .then(pl.lit("contaminated")).otherwise(pl.col("reason")).alias("reason"))
-    kept = live.filter(pl.col("reason").is_null())
-    dropped = live.filter(pl.col("reason").is_not_null()).with_columns(
-        pl.lit(None, pl.String).alias("content")).drop("bands", "lsh_valid")
-    kept = _redact_and_hash(kept, proc)
-    out = pl.concat([done, dropped, kept], how="diagonal_relaxed")
-    return out.sort("row")
-
-
-def _redact_and_hash(kept: pl.DataFrame, proc: Processing) -> pl.DataFrame:
-    """Redaction, then the exact-dedup hash of what will be written. (MinHash bands are computed on the
-    text before redaction: a placeholder changes a few shingles at most.)"""
-    content, per_row = redact_column(kept["content"], proc.cfg.redaction)
-    counts = {f"redact_{p}": pl.Series([r.get(p, 0) for r in per_row], dtype=pl.Int32) for p in PLACEHOLDERS}
-    return kept.with_columns(content.alias("content"), normalized_hash(content), **counts)
+    """The per-file steps over one chunk (``CHUNK_STEPS``); every row keeps its language, from its path."""
+    check_reasons(raw.filter(pl.col("reason").is_not_null()), READ)
+    df = raw.with_columns(language_expr(pl.col("path"), proc.cfg.languages).alias("language"))
+    return run_steps(df, CHUNK_STEPS, ChunkContext(proc))
 
 
 def work_chunk(spec: ChunkSpec, proc: Processing, cache: ChunkCache) -> ChunkResult:
@@ -254,16 +200,13 @@ def _write_outputs(cfg: IngestConfig, out_dir: Path, results: list[ChunkResult],
     return shards
 
 
-def _step_of(reason: str) -> str:
-    return next((step for step, reasons in STEPS.items() if reason in reasons), "read")
-
-
 def _stats(cfg: IngestConfig, proc: Processing, ledger: pl.DataFrame, results: list[ChunkResult],
            shards: dict[str, list[dict]], out_dir: Path) -> dict[str, Any]:
     rejected = ledger.filter(pl.col("reason").is_not_null())
     by_reason = rejected.group_by("reason").agg(pl.len().alias("files"), pl.col("bytes").sum().alias("bytes"))
-    steps = sorted(({"step": _step_of(r), "reason": r, "files": int(f), "bytes": int(b)}
-                    for r, f, b in by_reason.iter_rows()), key=lambda d: (list(STEPS).index(d["step"]), d["reason"]))
+    order = [s.name for s in STEPS]
+    steps = sorted(({"step": step_of(r, STEPS).name, "reason": r, "files": int(f), "bytes": int(b)}
+                    for r, f, b in by_reason.iter_rows()), key=lambda d: (order.index(d["step"]), d["reason"]))
     kept = ledger.filter(pl.col("reason").is_null())
     redactions = {p: int(ledger[f"redact_{p}"].sum()) for p in PLACEHOLDERS if f"redact_{p}" in ledger.columns}
     redacted_files = (int(kept.select(pl.sum_horizontal(pl.col("^redact_.*$")) > 0).to_series().sum())
@@ -293,6 +236,7 @@ def _stats(cfg: IngestConfig, proc: Processing, ledger: pl.DataFrame, results: l
         "bytes_kept": int(kept["bytes"].sum()),
         "rejected_by_reason": {d["reason"]: d["files"] for d in steps},
         "steps": steps,
+        "pipeline": [{"step": s.name, "reasons": list(s.reasons)} for s in STEPS],
         "rejected_examples": [[f"{r}/{p}", why] for r, p, why in
                               rejected.select("repo", "path", "reason").head(200).iter_rows()],
         "redactions": redactions,

@@ -29,6 +29,7 @@ from collections.abc import Callable
 import polars as pl
 
 from codemill.config import RedactionConfig
+from codemill.data.steps import ChunkContext, Step
 
 PLACEHOLDERS = ("EMAIL", "IP_ADDRESS", "AWS_ACCESS_KEY_ID", "PRIVATE_KEY", "GITHUB_TOKEN", "SLACK_TOKEN",
                 "SLACK_WEBHOOK", "SECRET")
@@ -170,3 +171,13 @@ def redact_column(content: pl.Series, cfg: RedactionConfig) -> tuple[pl.Series, 
             out[i] = red
             per_row[i] = dict(counts)
     return pl.Series(content.name, out, dtype=pl.String), per_row
+
+
+def _redaction_step(live: pl.DataFrame, ctx: ChunkContext) -> pl.DataFrame:
+    """Redacted content and a ``redact_<TYPE>`` count column per placeholder; rejects nothing."""
+    content, per_row = redact_column(live["content"], ctx.proc.cfg.redaction)
+    counts = {f"redact_{p}": pl.Series([r.get(p, 0) for r in per_row], dtype=pl.Int32) for p in PLACEHOLDERS}
+    return live.with_columns(content.alias("content"), **counts)
+
+
+REDACTION = Step("redaction", (), _redaction_step)

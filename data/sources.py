@@ -28,6 +28,7 @@ import polars as pl
 
 from codemill.config import SourceConfig, SourceKind
 from codemill.data.folder_source import (
+    FOLDER_REASONS,
     Rejections,
     check_source_root,
     decode_source,
@@ -36,12 +37,15 @@ from codemill.data.folder_source import (
     iter_candidates,
     read_source_file,
 )
+from codemill.data.steps import Step
 from codemill.hashing import sha256_file
 
 RAW_SCHEMA = {"source": pl.Int32, "repo": pl.String, "path": pl.String, "content": pl.String, "bytes": pl.Int64,
               "sha256": pl.String, "source_commit": pl.String, "reason": pl.String}
 JSONL_RANGE_BYTES = 32 * 2**20
 MAX_CHUNK_FACTOR = 8  # a chunk is force-cut at this many times the mean size
+# Reading gives the first reasons: a folder's (files and walk) and a table's (rows that are not text).
+READ = Step("read", (*FOLDER_REASONS, "invalid_json", "null_content", "not_text"))
 
 
 class SourceError(RuntimeError):
@@ -135,7 +139,8 @@ def plan_chunks(index: int, src: SourceConfig, chunk_files: int) -> list[ChunkSp
         walk = Rejections()
         rels = [rel for rel, _ in iter_candidates(Path(root), list(src.include), list(src.exclude), on_error=walk,
                                                   skip_dirs=list(src.skip_dirs))]
-        specs = [ChunkSpec(index, "folder", root, repo, tuple(c), commit) for c in _cut_points(rels, chunk_files)]
+        opts = {"follow_external_symlinks": src.follow_external_symlinks}
+        specs = [ChunkSpec(index, "folder", root, repo, tuple(c), commit, opts) for c in _cut_points(rels, chunk_files)]
         if walk.entries:
             specs.append(ChunkSpec(index, "folder", root, repo, (), commit, rejected=tuple(walk.entries)))
         return specs
@@ -247,9 +252,9 @@ def _row(spec: ChunkSpec, path: str, content: str | None, n: int, sha: str | Non
 
 def _read_folder_chunk(spec: ChunkSpec, max_bytes: int) -> pl.DataFrame:
     rows = []
-    root = Path(spec.location)
+    root, follow = os.path.realpath(spec.location), bool(spec.options.get("follow_external_symlinks"))
     for rel in spec.items:
-        raw, reason = read_source_file(root / rel, max_bytes)
+        raw, reason = read_source_file(root, rel, max_bytes, follow)
         text = None
         if raw is not None:
             text, reason = decode_source(raw)
@@ -350,7 +355,8 @@ def source_fingerprint(src: SourceConfig) -> dict[str, Any]:
     """What identifies a source's content, cheaply: file hashes (folder), ETag/size (URLs), dataset hash (HF)."""
     if src.kind == "folder":
         root = folder_root(src)
-        digest, n = fingerprint_source(root, list(src.include), list(src.exclude), list(src.skip_dirs))
+        digest, n = fingerprint_source(root, list(src.include), list(src.exclude), list(src.skip_dirs),
+                                       src.follow_external_symlinks)
         return {"root": root, "fingerprint": digest, "files": n, "commit": git_commit(root)}
     if src.kind in ("parquet", "jsonl"):
         h = hashlib.sha256()

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import polars as pl
 import pytest
 
 from codemill.config import IngestConfig, SourceConfig
@@ -39,6 +40,9 @@ def _without_root_privileges() -> list[str]:
     return [setpriv, "--bounding-set", "-dac_override,-dac_read_search"]
 
 
+MARKER = "marker-3c1e: a file outside the source root"
+
+
 def make_bad_corpus(root: Path) -> Path:
     (root / "pkg").mkdir(parents=True)
     (root / "pkg" / "good.py").write_text("def ok():\n    return 'fine'\n")
@@ -51,6 +55,8 @@ def make_bad_corpus(root: Path) -> Path:
     os.symlink("loop_b.py", root / "loop_a.py")
     os.symlink("loop_a.py", root / "loop_b.py")
     os.symlink("..", root / "pkg" / "up")  # a directory loop: never followed
+    (root.parent / "credentials.py").write_text(f"PASSWORD = {MARKER!r}\n")  # outside the source root
+    os.symlink(root.parent / "credentials.py", root / "pkg" / "settings.py")
     secret = root / "unreadable.py"
     secret.write_text("x = 1\n")
     secret.chmod(0)
@@ -70,11 +76,14 @@ def test_bad_files_are_counted_by_reason_and_the_run_is_clean(tmp_path, mlflow_u
     manifest = json.loads((Path(result["ref"]["uri"]) / "manifest.json").read_text())
     assert manifest["stats"]["rejected_by_reason"] == {
         "binary": 1, "invalid_utf8": 1, "empty": 1, "symlink_loop": 2, "unreadable": 1,
-        "symlinked_dir_not_followed": 1}
+        "symlinked_dir_not_followed": 1, "symlink_outside_root": 1}
     assert manifest["stats"]["files_kept"] == 3
     examples = dict(map(tuple, manifest["stats"]["rejected_examples"]))
     assert examples[f"{corpus.name}/unreadable.py"] == "unreadable"
     assert examples[f"{corpus.name}/latin1.py"] == "invalid_utf8"
+    assert examples[f"{corpus.name}/pkg/settings.py"] == "symlink_outside_root"
+    shards = list(Path(result["ref"]["uri"]).glob("*/*.parquet"))
+    assert shards and not any(MARKER in pl.read_parquet(f)["content"].str.join("").item() for f in shards)
 
 
 def test_missing_source_path_fails_at_once_naming_it(tmp_path):

@@ -147,3 +147,27 @@ def test_jsonl_byte_ranges_split_on_line_boundaries(tmp_path, monkeypatch):
     specs = plan_chunks(0, SourceConfig(kind="jsonl", path=str(j)), 10)
     rows = pl.concat([read_chunk(s, 10**6) for s in specs])
     assert len(specs) > 10 and rows["path"].to_list() == [f"f{i}.py" for i in range(100)]
+
+
+def test_a_link_inside_the_root_is_read_and_its_content_enters_the_corpus_once(tmp_path):
+    """A link to a file that is ingested directly too is an exact duplicate: the first in corpus order is kept
+    (here the link, ``alias.py``, before ``pkg0/mod0.py``); a link to a file the patterns leave out is read."""
+    import os
+
+    folder = _write_folder(tmp_path / "repo", n=5)
+    (folder / "notes").mkdir()
+    (folder / "notes" / "only.txt").write_text(module(77))
+    os.symlink("pkg0/mod0.py", folder / "alias.py")
+    os.symlink("../notes/only.txt", folder / "pkg1" / "via_link.py")
+    (tmp_path / "outside.py").write_text(module(88))
+    os.symlink(tmp_path / "outside.py", folder / "escape.py")
+    out = tmp_path / "out"
+    st = run_ingest(IngestConfig(sources=[SourceConfig(path=str(folder), exclude=[])], near_dedup={"enabled": False}),
+                    out)
+    assert st["rejected_by_reason"] == {"exact_duplicate": 1, "symlink_outside_root": 1}
+    assert {"step": "read", "reason": "symlink_outside_root", "files": 1, "bytes": 0} in st["steps"]
+    assert _frame(out, "duplicates.parquet").select("path", "kept_path").rows() == [("pkg0/mod0.py", "alias.py")]
+    rows = pl.concat([read_split(out, "train"), read_split(out, "val")])
+    assert rows.filter(pl.col("content") == module(0))["path"].to_list() == ["alias.py"]
+    assert rows.filter(pl.col("content") == module(77))["path"].to_list() == ["pkg1/via_link.py"]
+    assert not rows["content"].str.contains("m88_f").any()

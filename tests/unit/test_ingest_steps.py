@@ -1,18 +1,22 @@
 """The per-file ingest steps as pure functions: filters, MinHash LSH, redaction, decontamination, dedup."""
 
 import random
+from functools import partial
 
 import numpy as np
 import polars as pl
 import pytest
 
-from codemill.config import DecontaminationConfig, EvalSetConfig, FilterConfig, RedactionConfig
+from codemill.config import DecontaminationConfig, EvalSetConfig, FilterConfig, IngestConfig, RedactionConfig
 from codemill.data.decontaminate import build_index, contamination, load_eval_texts
 from codemill.data.dedup import normalized_hash, resolve_duplicates
-from codemill.data.filters import apply_filters
+from codemill.data.filters import FILTER, apply_filters
+from codemill.data.ingest import CHUNK_STEPS, STEPS, prepare, process_chunk
 from codemill.data.minhash import band_keys, keep_one_per_component, lsh_components, optimal_bands, signatures
 from codemill.data.redact import redact_column, redact_text
-from codemill.data.shingles import ngram_hashes
+from codemill.data.shingles import ngram_hashes, token_hashes
+from codemill.data.sources import RAW_SCHEMA
+from codemill.data.steps import ChunkContext, Step, reject, run_steps, step_of
 
 GOOD = "def area(r):\n    \"\"\"Circle area.\"\"\"\n    return 3.14159 * r * r\n"
 
@@ -170,3 +174,64 @@ def test_a_configured_eval_set_file_is_used(tmp_path):
     assert frac[0] > 0.9 and label[0] == "mine:q1:text"
     with pytest.raises(FileNotFoundError, match="mine"):
         load_eval_texts(DecontaminationConfig(eval_sets=[EvalSetConfig(name="mine", path=str(tmp_path / "x"))]))
+
+
+def _raw_chunk(rows):
+    """A chunk as read from a source: (path, content, reason) per row."""
+    return pl.DataFrame([{"source": 0, "repo": "r", "path": p, "content": c, "bytes": len(c or ""), "sha256": None,
+                          "source_commit": None, "reason": why} for p, c, why in rows],
+                        schema=RAW_SCHEMA).with_row_index("row")
+
+
+def test_steps_have_distinct_names_and_each_reason_belongs_to_one_step():
+    names = [s.name for s in STEPS]
+    reasons = [r for s in STEPS for r in s.reasons]
+    assert len(set(names)) == len(names) and len(set(reasons)) == len(reasons)
+    assert step_of("symlink_outside_root", STEPS).name == "read" and step_of("contaminated", STEPS).name == \
+        "decontamination"
+    assert [s.name for s in STEPS if s.apply] == [s.name for s in CHUNK_STEPS]
+    with pytest.raises(ValueError, match="'no_such_reason' is not declared"):
+        step_of("no_such_reason", STEPS)
+
+
+def test_a_step_may_only_reject_with_a_reason_it_declares():
+    proc = prepare(IngestConfig(decontamination=DecontaminationConfig(enabled=False)))
+    raw = _raw_chunk([("a.py", GOOD, None), ("b.py", "x\n", None)])
+
+    def tiny(live, _ctx, why):
+        return live.with_columns(reject(pl.col("bytes") < 5, why))
+    assert run_steps(raw, [Step("tiny", ("too_small",), partial(tiny, why="too_small"))], ChunkContext(proc))[
+        "reason"].to_list() == [None, "too_small"]
+    with pytest.raises(ValueError, match=r"'tiny' rejected rows with undeclared reasons \['small'\]"):
+        run_steps(raw, [Step("tiny", ("too_small",), partial(tiny, why="small"))], ChunkContext(proc))
+
+
+def test_each_step_sees_the_live_rows_and_a_rejected_row_keeps_the_columns_of_the_steps_that_saw_it():
+    proc = prepare(IngestConfig(decontamination=DecontaminationConfig(enabled=False)))
+    seen: list[list[str]] = []
+    probe = Step("probe", (), lambda live, _ctx: seen.append(live["path"].to_list()) or live)
+    raw = _raw_chunk([("bin.py", None, "binary"), ("gen.py", "# auto-generated\n" + GOOD, None),
+                      ("a.py", GOOD, None), ("b.py", GOOD + "\n", None)])
+    run_steps(raw, [FILTER, probe], ChunkContext(proc))
+    assert seen == [["a.py", "b.py"]]
+    out = process_chunk(raw, proc)
+    by_path = {r["path"]: r for r in out.iter_rows(named=True)}
+    assert out["path"].to_list() == ["bin.py", "gen.py", "a.py", "b.py"]  # row order
+    assert by_path["bin.py"]["language"] == "python" and by_path["bin.py"]["contamination"] is None
+    assert by_path["gen.py"]["reason"] == "auto_generated" and by_path["gen.py"]["content"] is None
+    assert by_path["gen.py"]["contamination"] is None  # filtered before decontamination: not measured
+    for p in ("a.py", "b.py"):
+        assert by_path[p]["contamination"] == 0.0 and by_path[p]["norm_hash"] and by_path[p]["lsh_valid"]
+    assert by_path["a.py"]["norm_hash"] == by_path["b.py"]["norm_hash"]  # the corpus-wide step drops one
+
+
+def test_the_shared_tokenisation_of_fewer_rows_matches_a_fresh_one():
+    proc = prepare(IngestConfig(decontamination=DecontaminationConfig(enabled=False)))
+    live = _raw_chunk([(f"m{i}.py", f"def f{i}(x):\n    return x * {i} + y{i % 3}\n" * (i + 1), None)
+                       for i in range(6)])
+    ctx = ChunkContext(proc)
+    ctx.tokens(live)
+    for subset in (live.filter(pl.col("row").is_in([1, 2, 5])), live.filter(pl.col("row") == 0), live.head(0)):
+        flat, lengths = ctx.tokens(subset)
+        want_flat, want_lengths = token_hashes(subset["content"])
+        assert np.array_equal(flat, want_flat) and np.array_equal(lengths, want_lengths)

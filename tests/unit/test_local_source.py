@@ -128,3 +128,60 @@ def test_git_repository_records_commit_and_skips_vcs_dirs(tmp_path):
     res = scan(repo, include=["**/*"])
     assert res["path"].to_list() == ["pkg/mod.py"]  # nothing from .git/, whatever include says
     assert res["source_commit"].to_list() == [head]
+
+
+MARKER = "MARKER-7f3a credentials that must never reach the corpus"
+
+
+def _outside_marker(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.py").write_text(f"TOKEN = {MARKER!r}\n")
+    return outside / "secret.py"
+
+
+def test_file_link_leading_out_of_the_root_is_refused_unless_allowed(tmp_path):
+    secret = _outside_marker(tmp_path)
+    root = tmp_path / "repo"
+    (root / "pkg").mkdir(parents=True)
+    (root / "pkg" / "good.py").write_text("x = 1\n")
+    os.symlink(secret, root / "abs_link.py")
+    os.symlink("../../outside/secret.py", root / "pkg" / "rel_link.py")
+    os.symlink("rel_link.py", root / "pkg" / "chained.py")  # inside, but resolves out
+    res = scan(root)
+    assert dict(res.select("path", "reason").iter_rows()) == {
+        "abs_link.py": "symlink_outside_root", "pkg/chained.py": "symlink_outside_root", "pkg/good.py": None,
+        "pkg/rel_link.py": "symlink_outside_root"}
+    assert not any(MARKER in c for c in res["content"].drop_nulls())
+    before = fingerprint_source(root, ["**/*.py"], [])
+    secret.write_text("TOKEN = 'changed'\n")
+    assert fingerprint_source(root, ["**/*.py"], []) == before  # the fingerprint does not read it either
+    secret.write_text(f"TOKEN = {MARKER!r}\n")
+    allowed = scan(root, follow_external_symlinks=True)
+    assert allowed["reason"].null_count() == 4 and allowed.filter(pl.col("path") == "abs_link.py")["content"][0] == \
+        f"TOKEN = {MARKER!r}\n"
+
+
+def test_file_link_into_the_vcs_folder_is_refused(tmp_path):
+    root = tmp_path / "repo"
+    (root / ".git").mkdir(parents=True)
+    (root / ".git" / "config").write_text('[remote "origin"]\n    url = https://user:ghp_token@github.com/x/y\n')
+    os.symlink(".git/config", root / "settings.py")
+    assert dict(scan(root).select("path", "reason").iter_rows()) == {"settings.py": "symlink_into_vcs_dir"}
+
+
+def test_a_path_swapped_for_a_way_out_after_planning_is_checked_when_opened(tmp_path):
+    """The walk saw plain files; before the read, one becomes a link out and a folder becomes a link out."""
+    secret = _outside_marker(tmp_path)
+    root = tmp_path / "repo"
+    (root / "sub").mkdir(parents=True)
+    (root / "a.py").write_text("a = 1\n")
+    (root / "sub" / "secret.py").write_text("b = 2\n")
+    specs = plan_chunks(0, SourceConfig(path=str(root), repo="r", exclude=[]), chunk_files=4)
+    (root / "a.py").unlink()
+    os.symlink(secret, root / "a.py")
+    (root / "sub").rename(root / "sub-old")
+    os.symlink(secret.parent, root / "sub")  # sub/secret.py is a plain file again, but outside the root
+    res = pl.concat([read_chunk(s, 10**6) for s in specs]).sort("path")
+    assert dict(res.select("path", "reason").iter_rows()) == {"a.py": "symlink_outside_root",
+                                                              "sub/secret.py": "symlink_outside_root"}
