@@ -201,3 +201,34 @@ def test_mlflow_chain_from_eval_metric_to_source_directory(runs):
     rerun = client.get_run(second["parent_run_id"])
     assert rerun.data.tags["codemill.train.status"] == "cached"
     assert rerun.data.tags["codemill.model_id"] == first["model_id"]
+
+
+def test_plan_after_the_run_skips_every_step_and_writes_nothing(runs, tmp_path):
+    """``codemill plan`` on the finished store: every step's digest and artifact as the run made them, all
+    skipped; before a run (a fresh store) every step would run; neither touches the store or MLflow."""
+    import yaml
+    from typer.testing import CliRunner
+
+    from codemill.cli import app
+
+    cfg, first, _, _ = runs
+    config_file = tmp_path / "cfg.yaml"
+    config_file.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
+    store_before = sorted(p for p in Path(cfg.store_root).rglob("*"))
+    out = CliRunner().invoke(app, ["plan", "--config", str(config_file), "--json"])
+    assert out.exit_code == 0, out.output
+    rows = json.loads(out.output)
+    assert [r["step"] for r in rows] == list(first["stages"])
+    for row in rows:
+        assert row["action"] == "skip (in store)"
+        assert row["digest"] == first["stages"][row["step"]]["ref"]["digest"]
+        assert row["uri"] == first["stages"][row["step"]]["ref"]["uri"]
+    assert sorted(p for p in Path(cfg.store_root).rglob("*")) == store_before
+    fresh = CliRunner().invoke(app, ["plan", "--config", str(config_file), "--json", "--until", "tokenize",
+                                     "--store", str(tmp_path / "empty-store")])
+    assert fresh.exit_code == 0, fresh.output
+    assert [(r["step"], r["action"]) for r in json.loads(fresh.output)] == [
+        ("ingest", "run"), ("tokenizer", "run"), ("tokenize", "run")]
+    assert not (tmp_path / "empty-store").exists()
+    bad = CliRunner().invoke(app, ["plan", "--config", str(config_file), "--until", "deploy"])
+    assert bad.exit_code == 2 and "deploy" in bad.output
