@@ -56,10 +56,6 @@ class ExecResult:
     duration_s: float
     stdout: str = ""
 
-    @property
-    def passed(self) -> bool:
-        return self.outcome is Outcome.PASSED
-
 
 def _interpreter_dirs() -> list[str]:
     exe = os.path.realpath(sys.executable)
@@ -117,7 +113,8 @@ class Sandbox:
                  "--setenv", "PYTHONHASHSEED", "0", "--"]
         return args + drop + py
 
-    def _preexec(self, slot: int):
+    def _preexec(self):
+        """Applied in the child before exec: the rlimits (the uid drop is setpriv's, in the command)."""
         limits = self.limits
 
         def setup() -> None:
@@ -153,7 +150,7 @@ class Sandbox:
                 t0 = time.monotonic()
                 proc = subprocess.Popen(self.command(slot), stdin=subprocess.PIPE, stdout=out, stderr=err,
                                         cwd=cwd, env={"PATH": "/usr/bin:/bin"} if self.unsafe else {},
-                                        preexec_fn=self._preexec(slot), start_new_session=True)
+                                        preexec_fn=self._preexec(), start_new_session=True)
             with proc:
                 timed_out = False
                 try:
