@@ -7,7 +7,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, cast, get_args
 
 import typer
 from rich.console import Console
@@ -15,7 +15,7 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TaskID, TextColumn
 from rich.table import Table
 
 from codemill import progress
-from codemill.config import PipelineConfig, SourceConfig, load_config, load_preset, preset_names
+from codemill.config import PipelineConfig, SourceConfig, SuiteName, load_config, load_preset, preset_names
 
 app = typer.Typer(help="codemill: code corpus -> tokens -> checkpoints -> evaluated models.",
                   no_args_is_help=True, add_completion=False)
@@ -154,7 +154,7 @@ def evaluate(
     """Evaluate any model on the chosen suites, and gate it against the champion."""
     cfg = build_config(config, preset, None, None)
     if suite:
-        cfg.evaluate.suites = suite
+        cfg.evaluate.suites = _suites(suite)
     if samples:
         if not samples.is_file():
             raise typer.BadParameter(f"samples file not found: {samples}", param_hint="--samples")
@@ -168,6 +168,15 @@ def evaluate(
     with _progress():
         out = evaluate_flow(model=model, config=cfg, corpus=corpus, samples_file=str(samples) if samples else None)
     print_summary(out, time.perf_counter() - t0)
+
+
+def _suites(names: list[str]) -> list[SuiteName]:
+    known = get_args(SuiteName)
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise typer.BadParameter(f"unknown suite {', '.join(unknown)}; choose from {', '.join(known)}",
+                                 param_hint="--suite")
+    return [cast(SuiteName, n) for n in names]
 
 
 def print_summary(out: dict, wall_s: float) -> None:

@@ -169,13 +169,14 @@ class Lineage:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             source = resolve_dataset_source(ref.uri)
-        return MetaDataset(source=source, name=name or f"{ref.stage}:{ref.name}", digest=mlflow_digest(ref.digest))
+        # MLflow's hints mark MetaDataset abstract (``profile``); it is the documented metadata-only dataset.
+        return MetaDataset(source=source, name=name or f"{ref.stage}:{ref.name}",  # type: ignore[abstract]
+                           digest=mlflow_digest(ref.digest))
 
     def log_dataset_input(self, run_id: str, ref: ArtifactRef, context: str, name: str | None = None) -> None:
         entity = self.dataset(ref, name)._to_mlflow_entity()
         self.client.log_inputs(run_id, datasets=[
             DatasetInput(dataset=entity, tags=[InputTag(key="mlflow.data.context", value=context)])])
-        self.client.set_tag(run_id, T.input_digest(context), ref.digest)
 
     # --- models -----------------------------------------------------------------------------------------
     def find_model(self, digest: str) -> str | None:

@@ -43,7 +43,7 @@ def publish_loss_curve(store: ArtifactStore, lineage: Lineage, model: StageResul
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / LOSS_PNG
         path.write_bytes(png)
-        for run_id in {model.run_id, parent_run_id} - {None}:
+        for run_id in {model.run_id or parent_run_id, parent_run_id}:
             lineage.log_artifact(run_id, path)
     uri = lineage.tracking_uri
     url = (f"{uri.rstrip('/')}/get-artifact?path={LOSS_PNG}&run_uuid={parent_run_id}"

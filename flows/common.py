@@ -25,14 +25,14 @@ def flow_run_url() -> str | None:
 
 
 def open_flow_run(config: PipelineConfig, run_name: str, flow_run_id: Any,
-                  flow_run_url: str | None) -> tuple[ArtifactStore, RunContext, Lineage]:
-    """The store, the context the tasks share, and the MLflow parent run of this flow run."""
+                  flow_run_url: str | None) -> tuple[ArtifactStore, RunContext, Lineage, str]:
+    """The store, the context the tasks share, the lineage writer and this flow run's MLflow parent run."""
     store = ArtifactStore(config.store_root, cache_dir=f"{config.work_dir}/cache")
     ctx = RunContext(store_root=config.store_root, work_dir=config.work_dir,
                      tracking_uri=config.mlflow_tracking_uri, experiment=config.name)
     lineage = ctx.lineage()
     parent = lineage.start_parent(run_name, flow_run_id, flow_run_url, config.model_dump(mode="json"))
-    return store, ctx.model_copy(update={"parent_run_id": parent}), lineage
+    return store, ctx.model_copy(update={"parent_run_id": parent}), lineage, parent
 
 
 def run_stage_task(task: Any, store: ArtifactStore, **params: Any) -> StageResult:

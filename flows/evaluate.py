@@ -69,8 +69,7 @@ def evaluate(model: str, config: PipelineConfig = PipelineConfig(), corpus: str 
              samples_file: str | None = None) -> dict[str, Any]:
     """Evaluate ``model`` on ``config.evaluate.suites``; gate it against the champion when ``config.gate``
     is enabled. ``samples_file`` scores a HumanEval samples JSONL instead of generating."""
-    store, ctx, lineage = open_flow_run(config, flow_run.name or "evaluate", flow_run.id, flow_run_url())
-    parent = ctx.parent_run_id
+    store, ctx, lineage, parent = open_flow_run(config, flow_run.name or "evaluate", flow_run.id, flow_run_url())
     try:
         resolved = resolve_model(ctx, model)
         data = corpus_ref(store, corpus)

@@ -21,7 +21,7 @@ from codemill.flows.evaluate import gate_against_champion
 from codemill.flows.hooks import record_failure_on_mlflow, run_name_from, tag_current_flow_run
 from codemill.flows.plan import Phase, plan_pipeline
 from codemill.tasks.ingest import fingerprint_sources_task
-from codemill.tasks.resolve_model import from_train_artifact
+from codemill.tasks.resolve_model import trained_model
 
 
 def _run_name() -> str:
@@ -32,16 +32,14 @@ def run_pipeline(config: PipelineConfig, until: str = "evaluate", flow_name: str
     """The body shared by ``pipeline`` and ``nightly`` (call it inside a flow)."""
     logger = get_run_logger()
     tag_current_flow_run(flow_name)
-    store, ctx, lineage = open_flow_run(config, flow_run.name or flow_name, flow_run.id, flow_run_url())
-    parent = ctx.parent_run_id
+    store, ctx, lineage, parent = open_flow_run(config, flow_run.name or flow_name, flow_run.id, flow_run_url())
     verdict = None
     try:
         steps = plan_pipeline(config, fingerprint_sources_task(config.ingest), store, until)
         stages = execute(steps, ctx, store)
         if until == "evaluate":
-            model = stages["train"]
             evals = {k.removeprefix("eval:"): v for k, v in stages.items() if k.startswith("eval:")}
-            verdict = gate_against_champion(ctx, store, config, from_train_artifact(ctx, model.ref, model.model_id),
+            verdict = gate_against_champion(ctx, store, config, trained_model(ctx, stages["train"]),
                                             store.ref_for(steps[0].plan), evals)
     except BaseException:
         lineage.end_run(parent, failed=True)

@@ -18,7 +18,7 @@ from codemill.store import ArtifactRef, ArtifactStore
 from codemill.tasks.common import RunContext, StageResult
 from codemill.tasks.evaluate import evaluate_suite_task, plan_suite
 from codemill.tasks.ingest import ingest_task, plan_ingest
-from codemill.tasks.resolve_model import ResolvedModel, from_train_artifact
+from codemill.tasks.resolve_model import ResolvedModel, trained_model
 from codemill.tasks.tokenize import plan_tokenize, plan_tokenizer, tokenize_task, tokenizer_task
 from codemill.tasks.train import plan_train, train_task
 
@@ -67,11 +67,10 @@ def plan_pipeline(config: PipelineConfig, sources: list[dict], store: ArtifactSt
     train = Step("train", "train", plan_train(config.train, store.ref_for(tokens.plan), store.ref_for(tokenizer.plan)),
                  train_task, {"cfg": config.train})
 
-    def trained_model(ctx: RunContext, results: dict[str, StageResult]) -> dict[str, Any]:
-        model = results["train"]
-        return {"model": from_train_artifact(ctx, model.ref, model.model_id or "")}
+    def bind_trained(ctx: RunContext, results: dict[str, StageResult]) -> dict[str, Any]:
+        return {"model": trained_model(ctx, results["train"])}
 
-    evals = plan_evaluations(config, store.ref_for(train.plan), corpus, bind=trained_model)
+    evals = plan_evaluations(config, store.ref_for(train.plan), corpus, bind=bind_trained)
     steps = [ingest, tokenizer, tokens, train, *evals]
     return [s for s in steps if PHASES.index(s.phase) <= PHASES.index(until)]
 

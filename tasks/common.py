@@ -40,7 +40,7 @@ class StageResult(BaseModel):
     summary: dict[str, Any] = Field(default_factory=dict)
 
 
-SERVER_RETRIES = {"retries": 3, "retry_delay_seconds": [10, 30, 60]}  # a tracking server restart takes ~30 s
+SERVER_RETRY_DELAYS: list[float] = [10, 30, 60]  # seconds; a tracking server restart takes ~30 s
 
 
 def retry_on_server_error(task: Any, task_run: Any, state: Any) -> bool:
@@ -70,7 +70,8 @@ def stage_task(name: str, **options: Any) -> Callable[[Callable[..., StageResult
     """The Prefect task of a stage that commits an artifact: cached on the artifact digest, its result persisted
     (not held in memory), retried only when a server did not answer. ``options`` add to these (e.g. a run name)."""
     return task(name=name, cache_key_fn=artifact_cache_key, persist_result=True, cache_result_in_memory=False,
-                retry_condition_fn=retry_on_server_error, **SERVER_RETRIES, **options)
+                retry_condition_fn=retry_on_server_error, retries=len(SERVER_RETRY_DELAYS),
+                retry_delay_seconds=SERVER_RETRY_DELAYS, **options)
 
 
 Producer = Callable[[ArtifactWriter, str], Manifest]  # (writer, stage run id)

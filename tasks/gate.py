@@ -18,7 +18,7 @@ from codemill.tasks.resolve_model import ResolvedModel
 
 
 def _scores(ctx: RunContext, evals: dict[str, StageResult]) -> dict:
-    out = {}
+    out: dict[str, Any] = {}
     for suite, result in evals.items():
         out |= suites.item_scores(suite, load_rows(ctx, result))
     return out

@@ -9,7 +9,7 @@ from pydantic import BaseModel
 from codemill import tags as T
 from codemill.hashing import combine_digests, sha256_file
 from codemill.store import MANIFEST, ArtifactRef, Manifest
-from codemill.tasks.common import RunContext
+from codemill.tasks.common import RunContext, StageResult
 
 
 class ResolvedModel(BaseModel):
@@ -25,6 +25,13 @@ def folder_digest(path: Path) -> str:
 
 def from_train_artifact(ctx: RunContext, ref: ArtifactRef, model_id: str) -> ResolvedModel:
     return ResolvedModel(ref=ref, hf_dir=str(ctx.store().local_path(ref) / "hf"), model_id=model_id)
+
+
+def trained_model(ctx: RunContext, result: StageResult) -> ResolvedModel:
+    """The model a train stage just committed (its LoggedModel is logged by the stage's record)."""
+    if not result.model_id:
+        raise ValueError(f"train stage result for {result.ref.uri} carries no LoggedModel id")
+    return from_train_artifact(ctx, result.ref, result.model_id)
 
 
 def resolve_model(ctx: RunContext, spec: str) -> ResolvedModel:

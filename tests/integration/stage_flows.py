@@ -19,10 +19,10 @@ from codemill.tasks.ingest import fingerprint_sources_task
 
 @flow(name="data-stages", persist_result=True)
 def data_stages(config: PipelineConfig) -> dict[str, dict]:
-    store, ctx, lineage = open_flow_run(config, flow_run.name or "data-stages", flow_run.id, None)
+    store, ctx, lineage, parent = open_flow_run(config, flow_run.name or "data-stages", flow_run.id, None)
     steps = plan_pipeline(config, fingerprint_sources_task(config.ingest), store, until="tokenize")
     results = execute(steps, ctx, store)
-    lineage.end_run(ctx.parent_run_id)
+    lineage.end_run(parent)
     return {key: result.ref.model_dump() for key, result in results.items()}
 
 

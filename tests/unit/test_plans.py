@@ -11,7 +11,7 @@ from codemill.flows.plan import PHASES, describe, plan_pipeline
 from codemill.plan import StagePlan, manifest_digest
 from codemill.store import ArtifactStore
 from codemill.tasks.evaluate import plan_suite
-from codemill.tasks.tokenize import TOKENS_KEYS, plan_tokenize
+from codemill.tasks.tokenize import TOKENS_KEYS
 
 SOURCES = [{"kind": "folder", "root": "/src/a", "repo": "a", "fingerprint": "f" * 64, "commit": None}]
 
