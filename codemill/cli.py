@@ -7,7 +7,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, cast, get_args
+from typing import Annotated, NoReturn, cast, get_args
 
 import typer
 from rich.console import Console
@@ -15,7 +15,7 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TaskID, TextColumn
 from rich.table import Table
 
 from codemill import progress
-from codemill.config import PipelineConfig, SourceConfig, SuiteName, load_config, load_preset, preset_names
+from codemill.config import ConfigError, PipelineConfig, SourceConfig, SuiteName, load_config, load_preset, preset_names
 
 app = typer.Typer(help="codemill: code corpus -> tokens -> checkpoints -> evaluated models.",
                   no_args_is_help=True, add_completion=False)
@@ -46,21 +46,46 @@ class RichSink:
         self.bar.update(self._row(name), completed=done, total=total, count=f"{done}/{total}")
 
 
-def build_config(config: Path | None, preset: str, sources: list[Path] | None, store: str | None) -> PipelineConfig:
-    cfg = load_config(config) if config else load_preset(preset)
+DEFAULT_PRESET = "tiny"
+
+
+def build_config(config: Path | None, preset: str | None, sources: list[Path] | None, store: str | None,
+                 ) -> PipelineConfig:
+    """The config every command loads; bad input (unknown preset, unreadable or invalid YAML) exits 2 in a line.
+
+    ``preset`` is None when --preset was not given, so a --preset that --config would silently replace is an
+    error rather than ignored."""
+    if config and preset is not None:
+        _fail([f"give --config or --preset, not both: {config} is a whole pipeline config and would replace "
+               f"preset {preset!r}"])
+    try:
+        cfg = load_config(config) if config else load_preset(preset or DEFAULT_PRESET)
+    except ConfigError as e:
+        _fail(e.lines)
     if sources:
         missing = [str(s) for s in sources if not s.exists()]
         if missing:
             raise typer.BadParameter(f"source path does not exist: {', '.join(missing)}", param_hint="--source")
+        files = [str(s) for s in sources if not s.is_dir()]
+        if files:
+            raise typer.BadParameter(f"source is not a folder: {', '.join(files)}", param_hint="--source")
         cfg.ingest.sources = [SourceConfig(path=str(s.resolve())) for s in sources]
     if store:
         cfg.store_root = store
     return cfg
 
 
-ConfigOpt = Annotated[Path | None, typer.Option(help="Pipeline config YAML (overrides --preset).")]
+def _fail(lines: list[str]) -> NoReturn:
+    """Bad input: one ``error:`` line per problem on stderr and exit status 2 (click's usage-error code)."""
+    for line in lines:
+        typer.echo(f"error: {line}", err=True)
+    raise typer.Exit(2)
+
+
+ConfigOpt = Annotated[Path | None, typer.Option(help="Pipeline config YAML (instead of --preset).")]
 SourceOpt = Annotated[list[Path] | None, typer.Option(help="Source folder(s); repeatable.")]
-PresetOpt = Annotated[str, typer.Option(help=f"Preset name: {', '.join(preset_names())}.")]
+PresetOpt = Annotated[str | None, typer.Option(help=f"Preset name: {', '.join(preset_names())} "
+                                                   f"(default: {DEFAULT_PRESET}).")]
 StoreOpt = Annotated[str | None, typer.Option(help="Artifact store root (path or fsspec URL).")]
 UntilOpt = Annotated[str, typer.Option(help="Stop after this stage: ingest, tokenize, train or evaluate.")]
 
@@ -74,7 +99,7 @@ def _check_until(until: str) -> None:
 
 
 @app.command()
-def run(config: ConfigOpt = None, source: SourceOpt = None, preset: PresetOpt = "tiny", store: StoreOpt = None,
+def run(config: ConfigOpt = None, source: SourceOpt = None, preset: PresetOpt = None, store: StoreOpt = None,
         until: UntilOpt = "evaluate") -> None:
     """Run the pipeline: ingest -> tokenize -> train -> evaluate -> gate (or stop after ``--until``)."""
     cfg = build_config(config, preset, source, store)
@@ -90,7 +115,7 @@ def run(config: ConfigOpt = None, source: SourceOpt = None, preset: PresetOpt = 
 
 
 @app.command()
-def plan(config: ConfigOpt = None, source: SourceOpt = None, preset: PresetOpt = "tiny", store: StoreOpt = None,
+def plan(config: ConfigOpt = None, source: SourceOpt = None, preset: PresetOpt = None, store: StoreOpt = None,
          until: UntilOpt = "evaluate", as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
          ) -> None:
     """Dry run: every stage with its digest, where its artifact lives, and whether it would run or be skipped.
@@ -142,8 +167,9 @@ def _progress() -> Iterator[None]:
 @app.command()
 def evaluate(
     model: Annotated[str, typer.Argument(help="LoggedModel id (m-...), store train artifact, or HF folder.")],
-    config: Annotated[Path | None, typer.Option(help="Pipeline config YAML (overrides --preset).")] = None,
-    preset: Annotated[str, typer.Option(help="Preset whose evaluate/gate sections apply.")] = "tiny",
+    config: Annotated[Path | None, typer.Option(help="Pipeline config YAML (instead of --preset).")] = None,
+    preset: Annotated[str | None, typer.Option(help="Preset whose evaluate/gate sections apply (default: "
+                                                    f"{DEFAULT_PRESET}).")] = None,
     corpus: Annotated[str | None, typer.Option(help="Corpus artifact (val split); default: newest.")] = None,
     suite: Annotated[list[str] | None, typer.Option(help="Suites (bpb, completion, humaneval); repeatable.")] = None,
     samples: Annotated[Path | None, typer.Option(help="Score this HumanEval samples JSONL instead.")] = None,
@@ -214,7 +240,7 @@ def presets() -> None:
         console.print(name)
 
 
-def _lineage_sources(config: Path | None, preset: str, store: str | None, tracking_uri: str | None):
+def _lineage_sources(config: Path | None, preset: str | None, store: str | None, tracking_uri: str | None):
     """The MLflow reader + ArtifactStore from the same config `run` uses (options override it)."""
     from codemill.lineage_read import LineageReader
     from codemill.store import ArtifactStore
@@ -224,8 +250,9 @@ def _lineage_sources(config: Path | None, preset: str, store: str | None, tracki
     return LineageReader(uri), ArtifactStore(cfg.store_root)
 
 
-LineageConfig = Annotated[Path | None, typer.Option(help="Pipeline config YAML (overrides --preset).")]
-LineagePreset = Annotated[str, typer.Option(help="Preset naming the store and tracking URI.")]
+LineageConfig = Annotated[Path | None, typer.Option(help="Pipeline config YAML (instead of --preset).")]
+LineagePreset = Annotated[str | None, typer.Option(help=f"Preset naming the store and tracking URI (default: "
+                                                       f"{DEFAULT_PRESET}).")]
 LineageStore = Annotated[str | None, typer.Option(help="Artifact store root (path or fsspec URL).")]
 LineageUri = Annotated[str | None, typer.Option(help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, config).")]
 AsJson = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table/tree.")]
@@ -234,7 +261,7 @@ AsJson = Annotated[bool, typer.Option("--json", help="Print JSON instead of a ta
 @app.command()
 def lineage(
     ident: Annotated[str, typer.Argument(help="LoggedModel id (m-...), MLflow run id, or artifact digest (prefix).")],
-    config: LineageConfig = None, preset: LineagePreset = "tiny", store: LineageStore = None,
+    config: LineageConfig = None, preset: LineagePreset = None, store: LineageStore = None,
     tracking_uri: LineageUri = None, as_json: AsJson = False,
 ) -> None:
     """Show the chain eval scores -> checkpoint -> training run -> tokens -> corpus -> sources."""
@@ -249,7 +276,7 @@ def lineage(
 def compare(
     model_a: Annotated[str, typer.Argument(help="LoggedModel id (a, the candidate).")],
     model_b: Annotated[str, typer.Argument(help="LoggedModel id (b, the reference).")],
-    config: LineageConfig = None, preset: LineagePreset = "tiny", store: LineageStore = None,
+    config: LineageConfig = None, preset: LineagePreset = None, store: LineageStore = None,
     tracking_uri: LineageUri = None, as_json: AsJson = False,
     alpha: Annotated[float, typer.Option(help="Significance level of the verdict.")] = 0.05,
 ) -> None:

@@ -7,12 +7,15 @@ left out of the stage digest so that, say, a longer timeout does not invalidate 
 
 from __future__ import annotations
 
+import difflib
+import types
+from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Union, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 
 def runtime_only(**kwargs: Any) -> Any:
@@ -327,14 +330,148 @@ def preset_names() -> list[str]:
 
 
 def load_preset(name: str) -> PipelineConfig:
-    path = resources.files("codemill.configs") / f"{name}.yaml"
-    if not path.is_file():
-        raise ValueError(f"unknown preset {name!r}; known presets: {', '.join(preset_names())}")
-    return PipelineConfig.model_validate(yaml.safe_load(path.read_text()) or {})
+    known = preset_names()
+    if name not in known:
+        close = difflib.get_close_matches(name, known, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ";"
+        raise ConfigError([f"unknown preset {name!r}{hint} known presets: {', '.join(known)}"])
+    text = (resources.files("codemill.configs") / f"{name}.yaml").read_text()
+    return parse_config(text, f"preset {name}")
 
 
 def load_config(path: str | Path) -> PipelineConfig:
     p = Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"config file not found: {p}")
-    return PipelineConfig.model_validate(yaml.safe_load(p.read_text()) or {})
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError([f"{p}: config file not found"]) from None
+    except IsADirectoryError:
+        raise ConfigError([f"{p}: is a directory, not a config file"]) from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError([f"{p}: cannot read the config file: {e}"]) from None
+    return parse_config(text, str(p))
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used, as one self-contained line per problem (the CLI prints them, exits 2)."""
+
+    def __init__(self, lines: list[str]) -> None:
+        super().__init__("\n".join(lines))
+        self.lines = lines
+
+
+def parse_config(text: str, source: str) -> PipelineConfig:
+    """YAML text -> PipelineConfig; every failure is a ConfigError whose lines start with ``source``."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError([_yaml_problem(e, source)]) from None
+    try:
+        return PipelineConfig.model_validate({} if data is None else data)
+    except ValidationError as e:
+        raise ConfigError(format_validation_error(e, source, text)) from None
+
+
+def format_validation_error(err: ValidationError, source: str, text: str | None = None,
+                            model: type[BaseModel] = PipelineConfig) -> list[str]:
+    """One line per problem: ``source[:line]: dotted.path: what is wrong``.
+
+    pydantic's own report spends four lines on each problem and never says what was meant; an unknown key gets
+    the nearest field of the model at that path (difflib), a bad value what was expected and what was given.
+    ``text`` (the YAML the data came from) adds line numbers, and the problems come in file order."""
+    found: list[tuple[int, str]] = []
+    for e in err.errors(include_url=False):
+        loc = tuple(e["loc"])
+        if e["type"] == "extra_forbidden":
+            name = str(loc[-1])
+            parent = _model_at(model, loc[:-1])
+            fields = list(parent.model_fields) if parent else []
+            close = difflib.get_close_matches(name, fields, n=1)
+            problem = f"unknown field {name!r}"
+            if close:
+                problem += f"; did you mean {close[0]!r}?"
+            elif fields:
+                problem += f"; valid fields: {', '.join(fields)}"
+        elif e["type"] == "missing":
+            problem = "field required"
+        else:
+            msg = e["msg"]
+            problem = "expected " + msg.removeprefix("Input should be ") if msg.startswith("Input should be ") \
+                else msg
+            given = repr(e["input"])
+            problem += f"; got {given if len(given) <= 60 else given[:57] + '...'}"
+        line = _yaml_line(text, loc) if text is not None else None
+        found.append((line or 0, f"{source}{f':{line}' if line else ''}: {_dotted(loc)}: {problem}"))
+    return [msg for _, msg in sorted(found, key=lambda f: f[0])]
+
+
+def _dotted(loc: Sequence[int | str]) -> str:
+    """('ingest', 'sources', 0, 'kind') -> 'ingest.sources[0].kind'; dict keys that are not names in [...]."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part.isidentifier():
+            out += f".{part}" if out else part
+        else:
+            out += f"[{part!r}]"
+    return out or "top level"
+
+
+def _model_at(model: type[BaseModel], loc: Sequence[int | str]) -> type[BaseModel] | None:
+    """The config model found by following ``loc`` through fields, list items and dict values (None if none)."""
+    t: Any = model
+    for part in loc:
+        t = _optional_inner(t)
+        origin = get_origin(t)
+        if origin in (list, tuple) and isinstance(part, int):
+            t = get_args(t)[0]
+        elif origin is dict:
+            t = get_args(t)[1]
+        elif origin is None and isinstance(t, type) and issubclass(t, BaseModel) and str(part) in t.model_fields:
+            t = t.model_fields[str(part)].annotation
+        else:
+            return None
+    t = _optional_inner(t)
+    return t if get_origin(t) is None and isinstance(t, type) and issubclass(t, BaseModel) else None
+
+
+def _optional_inner(t: Any) -> Any:
+    """``X | None`` -> ``X`` (optional config sections such as train.lora)."""
+    if get_origin(t) in (Union, types.UnionType):
+        args = [a for a in get_args(t) if a is not type(None)]
+        if len(args) == 1:
+            return args[0]
+    return t
+
+
+def _yaml_line(text: str, loc: Sequence[int | str]) -> int | None:
+    """1-based line of the deepest key or item of ``loc`` present in the YAML (a missing field: its parent's)."""
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return None
+    line = None
+    for part in loc:
+        if isinstance(node, yaml.MappingNode):
+            match = next(((k, v) for k, v in node.value if str(k.value) == str(part)), None)
+            if match is None:
+                break
+            line, node = match[0].start_mark.line + 1, match[1]
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+            node = node.value[part]
+            line = node.start_mark.line + 1
+        else:
+            break
+    if line is None and node is not None:
+        line = node.start_mark.line + 1
+    return line
+
+
+def _yaml_problem(e: yaml.YAMLError, source: str) -> str:
+    """``source:line:column: invalid YAML: problem (context)``, the shape editors and terminals link to."""
+    if isinstance(e, yaml.MarkedYAMLError) and e.problem_mark is not None:
+        m, c = e.problem_mark, e.context_mark
+        context = f" ({e.context} at {c.line + 1}:{c.column + 1})" if e.context and c is not None else ""
+        return f"{source}:{m.line + 1}:{m.column + 1}: invalid YAML: {e.problem}{context}"
+    return f"{source}: invalid YAML: {' '.join(str(e).split())}"

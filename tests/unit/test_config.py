@@ -43,3 +43,88 @@ def test_json_schema_has_descriptions_for_the_ui_form():
     train = schema["$defs"]["TrainConfig"]["properties"]
     assert train["max_steps"]["description"]
     assert train["max_steps"]["default"] == 200
+
+
+# Bad input must come back as one short line per problem: where (file:line), the field path, what to do.
+
+
+def _problems(tmp_path, text: str) -> tuple[str, list[str]]:
+    p = tmp_path / "c.yaml"
+    p.write_text(text)
+    with pytest.raises(ValueError) as err:
+        load_config(p)
+    return str(p), str(err.value).splitlines()
+
+
+def test_misspelled_key_names_file_line_path_and_nearest_field(tmp_path):
+    p, lines = _problems(tmp_path, "train:\n  lr: 0.01\n  max_stepz: 3\n")
+    assert lines == [f"{p}:3: train.max_stepz: unknown field 'max_stepz'; did you mean 'max_steps'?"]
+
+
+def test_misspelled_key_inside_a_list_item(tmp_path):
+    p, lines = _problems(tmp_path, "ingest:\n  sources:\n    - path: /x\n    - path: /y\n      kindd: folder\n")
+    assert lines == [f"{p}:5: ingest.sources[1].kindd: unknown field 'kindd'; did you mean 'kind'?"]
+
+
+def test_misspelled_section_and_a_name_with_no_near_match(tmp_path):
+    p, lines = _problems(tmp_path, "trian:\n  max_steps: 3\nzzz: 1\n")
+    assert lines[0] == f"{p}:1: trian: unknown field 'trian'; did you mean 'train'?"
+    assert lines[1].startswith(f"{p}:3: zzz: unknown field 'zzz'; valid fields: name, store_root, ")
+    assert len(lines) == 2
+
+
+def test_wrong_type_says_what_was_expected(tmp_path):
+    p, lines = _problems(tmp_path, "train:\n  max_steps: many\n  parallelism: ddpp\n")
+    assert lines == [
+        f"{p}:2: train.max_steps: expected a valid integer, unable to parse string as an integer; got 'many'",
+        f"{p}:3: train.parallelism: expected 'ddp' or 'fsdp'; got 'ddpp'",
+    ]
+
+
+def test_a_section_that_is_not_a_mapping(tmp_path):
+    p, lines = _problems(tmp_path, "train: 5\n")
+    assert lines == [f"{p}:1: train: expected a valid dictionary or instance of TrainConfig; got 5"]
+
+
+def test_missing_required_field(tmp_path):
+    p, lines = _problems(tmp_path, "ingest:\n  decontamination:\n    eval_sets:\n      - path: x.jsonl\n")
+    assert lines == [f"{p}:4: ingest.decontamination.eval_sets[0].name: field required"]
+
+
+def test_yaml_syntax_error_gives_line_and_column(tmp_path):
+    p, lines = _problems(tmp_path, "train:\n  max_steps: 3\n  lr: [0.1\nname: x\n")
+    assert len(lines) == 1
+    assert lines[0].startswith(f"{p}:4:5: invalid YAML: ")
+
+
+def test_top_level_must_be_a_mapping(tmp_path):
+    p, lines = _problems(tmp_path, "- train\n")
+    assert lines == [f"{p}:1: top level: expected a valid dictionary or instance of PipelineConfig; got ['train']"]
+
+
+def test_missing_config_file(tmp_path):
+    with pytest.raises(ValueError, match=r"c\.yaml: config file not found$"):
+        load_config(tmp_path / "c.yaml")
+    with pytest.raises(ValueError, match="is a directory"):
+        load_config(tmp_path)
+
+
+def test_unknown_preset_suggests_and_lists_presets():
+    with pytest.raises(ValueError) as err:
+        load_preset("tiyn")
+    assert str(err.value) == "unknown preset 'tiyn'; did you mean 'tiny'? known presets: gpu-small, tiny"
+    with pytest.raises(ValueError, match="known presets: gpu-small, tiny"):
+        load_preset("../configs/tiny")
+
+
+def test_format_validation_error_without_source_text():
+    from pydantic import ValidationError
+
+    from codemill.config import format_validation_error
+
+    with pytest.raises(ValidationError) as err:
+        PipelineConfig.model_validate({"ingest": {"near_dedup": {"treshold": 0.5}}, "gate": {"alpha": 2}})
+    assert format_validation_error(err.value, "preset x") == [
+        "preset x: ingest.near_dedup.treshold: unknown field 'treshold'; did you mean 'threshold'?",
+        "preset x: gate.alpha: expected less than 1; got 2",
+    ]
