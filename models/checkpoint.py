@@ -5,13 +5,21 @@ Layout: ``<ckpt_root>/step-XXXXXXXX/`` with ``dcp/`` (model + optimizer, sharded
 written under a dot-prefixed staging name and renamed into place by rank 0 only after every rank's part is
 on disk, so a ``step-*`` directory is always complete. Old checkpoints are pruned only after the new one is
 committed. DCP reshards on load, so a checkpoint saved by N ranks loads on M.
+
+One trainer at a time per directory: rank 0 holds an exclusive ``flock`` on ``<ckpt_root>/.lock`` for its
+whole life (the kernel drops it when the process dies, however it dies), so a second trainer started on the
+same directory, say a retry beside a run that was never stopped, is refused before it deletes or writes
+anything.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import random
 import shutil
+import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +30,11 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 PREFIX = "step-"
+LOCK = ".lock"
+
+
+class CheckpointDirBusy(RuntimeError):
+    """Another live trainer holds the checkpoint directory."""
 
 
 def rng_state() -> dict[str, Any]:
@@ -55,10 +68,28 @@ def staging_dir(ckpt_root: Path, step: int) -> Path:
 
 
 def clear_staging(ckpt_root: Path) -> None:
-    """Remove leftovers of checkpoints a killed run never committed."""
+    """Remove leftovers of checkpoints a killed run never committed (only while holding the directory's lock)."""
     if ckpt_root.is_dir():
         for p in ckpt_root.glob(f".staging-{PREFIX}*"):
             shutil.rmtree(p, ignore_errors=True)
+
+
+def lock_dir(ckpt_root: Path) -> int:
+    """Take the directory's exclusive lock without waiting; returns the descriptor that holds it (keep it open).
+
+    The lock file names its holder (pid, host) for the error a second trainer gets."""
+    ckpt_root.mkdir(parents=True, exist_ok=True)
+    fd = os.open(ckpt_root / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 256, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise CheckpointDirBusy(f"checkpoint directory {ckpt_root} is in use by another trainer ({holder}); "
+                                "refusing to start a second one on it") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+    return fd
 
 
 @dataclass
@@ -71,10 +102,23 @@ class Pending:
 
 
 class Checkpointer:
-    def __init__(self, ckpt_root: Path, rank: int, keep: int, barrier, async_save: bool = False) -> None:
+    """Saves, commits and prunes checkpoints; ``on_commit(step, trainer_state)`` runs on rank 0 once a checkpoint
+    is committed (for an async save that is at the next save or at ``finish``, never before)."""
+
+    def __init__(self, ckpt_root: Path, rank: int, keep: int, barrier, async_save: bool = False,
+                 on_commit: Callable[[int, dict[str, Any]], None] | None = None) -> None:
         self.root, self.rank, self.keep, self.barrier, self.async_save = ckpt_root, rank, keep, barrier, async_save
+        self.on_commit = on_commit
         self.pending: Pending | None = None
         self.protected: int | None = None  # the best checkpoint survives keep-last-k pruning
+        self.lock_fd: int | None = None
+
+    def open(self) -> None:
+        """Rank 0 locks the directory (held until this process exits) and clears uncommitted staging."""
+        if self.rank == 0:
+            self.lock_fd = lock_dir(self.root)
+            clear_staging(self.root)
+        self.barrier()
 
     def save(self, step: int, model, optimizer, scheduler, extra: dict[str, Any]) -> None:
         self.finish()  # one checkpoint in flight at a time
@@ -114,6 +158,8 @@ class Checkpointer:
                 if old != self.protected:
                     shutil.rmtree(step_dir(self.root, old), ignore_errors=True)
         self.barrier()
+        if self.rank == 0 and self.on_commit is not None:
+            self.on_commit(p.step, p.trainer_state)
         return final
 
     def load_model_only(self, step: int, model) -> None:

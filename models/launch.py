@@ -1,4 +1,5 @@
-"""Launching the trainer under torchrun as a subprocess: own timeout, process-group kill, streamed output."""
+"""Launching the trainer under torchrun as a subprocess: own timeout, process-group kill, streamed output, and
+a lifeline so that the ranks die with the launching process (``models/lifeline.py``)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from codemill.cpus import usable_cpus
+from codemill.models import lifeline
 
 
 class TrainingFailed(RuntimeError):
@@ -39,10 +41,19 @@ def run_streaming(cmd: list[str], env: dict[str, str], timeout_s: float,
                   on_line: Callable[[str], None], tail_lines: int = 60) -> None:
     """Run cmd in its own session, calling on_line for each output line; kill the whole group on timeout.
 
+    Its stdin is the read end of a pipe whose write end only this process holds: the trainer ranks watch it, so
+    they die when this process does (even by SIGKILL, which no ``finally`` here would survive).
     A non-zero exit raises TrainingFailed carrying the last lines of output (the trainer's last error).
     """
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            bufsize=1, start_new_session=True)
+    line_r, line_w = os.pipe()  # both ends close-on-exec here; Popen makes the read end the child's fd 0
+    try:
+        proc = subprocess.Popen(cmd, env={**env, **lifeline.launcher_env()}, stdin=line_r, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True)
+    except BaseException:
+        os.close(line_w)
+        raise
+    finally:
+        os.close(line_r)
     tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
     timed_out = threading.Event()
 
@@ -66,6 +77,8 @@ def run_streaming(cmd: list[str], env: dict[str, str], timeout_s: float,
     except BaseException:
         kill_group(proc)
         raise
+    finally:
+        os.close(line_w)  # the job is over either way; any rank still alive dies at the lifeline's end
     if timed_out.is_set():
         raise TrainingFailed(f"training timed out after {timeout_s:.0f}s; killed. Last output:\n"
                              + "\n".join(tail))

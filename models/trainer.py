@@ -16,22 +16,27 @@ import shutil
 import sys
 import time
 from contextlib import nullcontext
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
 import torch.distributed as dist
 from pydantic import BaseModel
+from transformers import PreTrainedModel
 
+from codemill import tags as T
 from codemill.config import TrainConfig
-from codemill.data.pack import open_token_shards
-from codemill.models import parallel
+from codemill.models import lifeline, parallel
+from codemill.models.batches import Batches, held_out_rows, model_inputs
 from codemill.models.build import build_model, count_parameters, load_pretrained
-from codemill.models.checkpoint import Checkpointer, clear_staging, committed_steps
-from codemill.models.data_order import SequenceOrder, gather_rows
+from codemill.models.checkpoint import Checkpointer, committed_steps
 from codemill.models.flops import flops_per_token, mfu, peak_flops
-from codemill.models.masking import document_mask
 from codemill.models.schedule import lr_multiplier
+
+if TYPE_CHECKING:
+    from codemill.lineage import Lineage
 
 STACK_DUMP_ENV = "CODEMILL_STACK_DUMP_AFTER_S"
 
@@ -59,23 +64,37 @@ class RankZeroLogger:
 
     Logging is best effort: a tracking server that is briefly down costs a warning, never the training run
     (few, short HTTP retries; the train task registers the final model once the server is back).
+
+    A checkpoint's LoggedModel is logged only once the checkpoint has committed (for an async save, after its
+    upload), and it carries the step and the losses but no filesystem location: the DCP step folders are resume
+    scratch, pruned to the last k and deleted by the train task once the final export is committed, while a
+    LoggedModel is permanent, so a path on it would dangle. The weights that outlive the run are the train
+    artifact's exports (``hf/``, and ``best/`` when an earlier checkpoint scored better), which the train task
+    logs as the run's model.
     """
 
     def __init__(self, rank: int, spec: TrainSpec) -> None:
         self.run_id = os.environ.get("MLFLOW_RUN_ID") if rank == 0 else None
         self.spec = spec
-        self.client = None
+        self.lineage: Lineage | None = None
         if self.run_id:
-            from mlflow import MlflowClient
-
             for k, v in {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
                          "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}.items():
                 os.environ.setdefault(k, v)
-            self.client = MlflowClient()
-            self.experiment_id = self._try("look up the run", lambda: self.client.get_run(self.run_id)
-                                           .info.experiment_id)
-            if self.experiment_id is None:
-                self.client = None
+            self.lineage = self._try("look up the run", self._connect)
+
+    def _connect(self) -> Lineage:
+        """A Lineage on the run's own experiment (the train task passes only the run id and tracking URI)."""
+        import mlflow
+        from mlflow import MlflowClient
+
+        from codemill.lineage import Lineage
+
+        uri = mlflow.get_tracking_uri()
+        client = MlflowClient(uri)
+        assert self.run_id is not None
+        experiment = client.get_experiment(client.get_run(self.run_id).info.experiment_id)
+        return Lineage(uri, experiment.name)
 
     def _try(self, what: str, fn):
         try:
@@ -85,42 +104,48 @@ class RankZeroLogger:
             return None
 
     def log(self, metrics: dict[str, float], step: int) -> None:
-        if self.client is None:
-            return
-        from mlflow.entities import Metric
+        lineage, run_id = self.lineage, self.run_id
+        if lineage is not None and run_id is not None:
+            self._try(f"metrics at step {step}", lambda: lineage.log_metrics(run_id, metrics, step=step))
 
-        now = int(time.time() * 1000)
-        self._try(f"metrics at step {step}", lambda: self.client.log_batch(
-            self.run_id, metrics=[Metric(k, float(v), now, step) for k, v in metrics.items()]))
+    def checkpoint(self, step: int, loss: float, val_loss: float | None) -> None:
+        """A committed checkpoint: a LoggedModel of the run with its step, train loss and val loss."""
+        if self.lineage is not None:
+            self._try(f"checkpoint at step {step}", lambda: self._log_checkpoint(step, loss, val_loss))
 
-    def checkpoint(self, step: int, path: Path, loss: float) -> None:
-        if self.client is not None:
-            self._try(f"checkpoint at step {step}", lambda: self._log_checkpoint(step, path, loss))
-
-    def _log_checkpoint(self, step: int, path: Path, loss: float) -> None:
+    def _log_checkpoint(self, step: int, loss: float, val_loss: float | None) -> None:
         from mlflow.entities import LoggedModelOutput
 
-        m = self.client.create_logged_model(self.experiment_id, name=f"ckpt-step{step}", source_run_id=self.run_id,
-                                            tags={"codemill.checkpoint_path": str(path), "codemill.step": str(step)},
-                                            model_type="dcp-checkpoint")
-        self.client.finalize_logged_model(m.model_id, "READY")
-        self.client.log_outputs(self.run_id, [LoggedModelOutput(m.model_id, step)])
-        digest = (self.spec.dataset_digest or "")[:32] or None
-        self.client.log_metric(self.run_id, "train_loss", loss, step=step, model_id=m.model_id,
-                               dataset_name=self.spec.dataset_name if digest else None, dataset_digest=digest)
+        from codemill.lineage import mlflow_digest
+
+        assert self.lineage is not None and self.run_id is not None
+        client = self.lineage.client
+        m = client.create_logged_model(self.lineage.experiment_id, name=f"ckpt-step{step}", source_run_id=self.run_id,
+                                       tags={T.CHECKPOINT_STEP: str(step)}, model_type="dcp-checkpoint")
+        client.finalize_logged_model(m.model_id, "READY")
+        client.log_outputs(self.run_id, [LoggedModelOutput(m.model_id, step)])
+        digest = mlflow_digest(self.spec.dataset_digest) if self.spec.dataset_digest else None
+        dataset = self.spec.dataset_name if digest else None
+        for key, value in {"train_loss": loss, "val_loss": val_loss}.items():
+            if value is not None:
+                client.log_metric(self.run_id, key, value, step=step, model_id=m.model_id, dataset_name=dataset,
+                                  dataset_digest=digest)
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     """Decay matrices only; norms and biases are not decayed."""
-    decay, no_decay = [], []
+    decay: list[torch.nn.Parameter] = []
+    no_decay: list[torch.nn.Parameter] = []
     for _, p in model.named_parameters():
         if p.requires_grad:
             (decay if p.ndim >= 2 else no_decay).append(p)
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def make_model(spec: TrainSpec) -> torch.nn.Module:
+def make_model(spec: TrainSpec) -> Any:
+    """A transformers causal LM, or its peft wrapper (which forwards the model's attributes)."""
     cfg = spec.train
+    model: Any
     if cfg.init_from:
         model = load_pretrained(cfg.init_from, seed=cfg.seed)
         if model.get_input_embeddings().num_embeddings < spec.vocab_size:  # pad / FIM tokens were added
@@ -136,150 +161,207 @@ def make_model(spec: TrainSpec) -> torch.nn.Module:
     return model
 
 
-def train(spec: TrainSpec) -> dict:
-    cfg = spec.train
-    d = parallel.setup(cfg.device)
-    if cfg.device != "cuda" and d.device.type == "cpu":
-        torch.use_deterministic_algorithms(True, warn_only=True)
-    ckpt_root = Path(spec.ckpt_dir)
-    if d.rank == 0:
-        clear_staging(ckpt_root)
-    d.barrier()
-    shards = open_token_shards(Path(spec.tokens_dir))
-    positions = open_token_shards(Path(spec.tokens_dir), kind="positions") if cfg.document_masking else []
-    rows = np.array([s.shape[0] for s in shards], dtype=np.int64)
-    offsets = np.concatenate([[0], np.cumsum(rows)])
-    order = SequenceOrder(int(rows.sum()), cfg.seed)
+@dataclass
+class TrainState:
+    """What a checkpoint restores besides weights, optimizer, scheduler and RNG: the step (which is also the
+    data cursor), the loss history and the validation losses (which pick the best checkpoint)."""
 
-    model = make_model(spec).to(d.device)
-    n_params = count_parameters(model)
-    mcfg = model.config
-    per_token_flops = flops_per_token(n_params, mcfg.num_hidden_layers, mcfg.num_attention_heads,
-                                      mcfg.hidden_size // mcfg.num_attention_heads, spec.seq_len)
-    peak = peak_flops(torch.cuda.get_device_name(d.device)) if d.device.type == "cuda" else None
-    module = parallel.wrap(model, cfg.parallelism, d, bf16=cfg.dtype == "bfloat16")
-    if cfg.compile:
-        module = torch.compile(module)
-    opt = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
-                            fused=d.device.type == "cuda")
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_multiplier(
-        cfg.schedule, s, warmup=cfg.warmup_steps, total=cfg.max_steps, min_ratio=cfg.min_lr_ratio,
-        decay_fraction=cfg.decay_fraction))
-    ckpt = Checkpointer(ckpt_root, d.rank, cfg.keep_checkpoints, d.barrier,
-                        async_save=cfg.async_checkpoint and d.device.type == "cuda")
+    step: int = 0
+    losses: list[float] = field(default_factory=list)
+    val_losses: dict[int, float] = field(default_factory=dict)
 
-    val_rows = held_out_rows(Path(spec.tokens_dir).parent / "val", cfg.val_sequences, d)
-    start_step, losses, val_losses = 0, [], {}
-    resumable = committed_steps(ckpt_root)
-    if resumable:
-        state = ckpt.load(resumable[-1], model, opt, sched)
-        start_step, losses = state["step"], list(state["losses"])
-        val_losses = {int(k): v for k, v in state.get("val_losses", {}).items()}
-        ckpt.protected = min(val_losses, key=val_losses.get) if val_losses else None
+    @classmethod
+    def restore(cls, saved: dict[str, Any]) -> TrainState:
+        val = {int(k): v for k, v in saved.get("val_losses", {}).items()}
+        return cls(saved["step"], list(saved["losses"]), val)
+
+    def snapshot(self) -> dict[str, Any]:
+        """Copies: an async checkpoint commits later, and must hold the state of its own step."""
+        return {"losses": list(self.losses), "val_losses": dict(self.val_losses)}
+
+    @property
+    def best_step(self) -> int | None:
+        return min(self.val_losses, key=self.val_losses.__getitem__) if self.val_losses else None
+
+
+class Throughput:
+    """Tokens per second over the steps since the last reading."""
+
+    def __init__(self, tokens_per_step: int) -> None:
+        self.tokens_per_step, self.steps, self.since = tokens_per_step, 0, time.perf_counter()
+
+    def step(self) -> None:
+        self.steps += 1
+
+    def read(self) -> float:
+        now = time.perf_counter()
+        tps = self.tokens_per_step * self.steps / (now - self.since)
+        self.steps, self.since = 0, now
+        return tps
+
+
+class Trainer:
+    """Setup in ``__init__``; ``train`` is the loop: one step, maybe log, maybe checkpoint; then ``finalize``."""
+
+    def __init__(self, spec: TrainSpec) -> None:
+        self.spec = spec
+        self.cfg = cfg = spec.train
+        self.d = d = parallel.setup(cfg.device)
+        if cfg.device != "cuda" and d.device.type == "cpu":
+            torch.use_deterministic_algorithms(True, warn_only=True)
+        self.ckpt = Checkpointer(Path(spec.ckpt_dir), d.rank, cfg.keep_checkpoints, d.barrier,
+                                 async_save=cfg.async_checkpoint and d.device.type == "cuda",
+                                 on_commit=self._committed)
+        self.ckpt.open()  # one trainer per checkpoint directory; clears what a killed run left uncommitted
+        self.batches = Batches(Path(spec.tokens_dir), cfg, d)
+
+        self.model = make_model(spec).to(d.device)
+        self.n_params = count_parameters(self.model)
+        mcfg = self.model.config
+        self.flops_per_token = flops_per_token(self.n_params, mcfg.num_hidden_layers, mcfg.num_attention_heads,
+                                               mcfg.hidden_size // mcfg.num_attention_heads, spec.seq_len)
+        self.peak = peak_flops(torch.cuda.get_device_name(d.device)) if d.device.type == "cuda" else None
+        module = parallel.wrap(self.model, cfg.parallelism, d, bf16=cfg.dtype == "bfloat16")
+        self.module = cast(torch.nn.Module, torch.compile(module)) if cfg.compile else module
+        self.opt = torch.optim.AdamW(param_groups(self.model, cfg.weight_decay), lr=cfg.lr,
+                                     betas=(cfg.beta1, cfg.beta2), fused=d.device.type == "cuda")
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: lr_multiplier(
+            cfg.schedule, s, warmup=cfg.warmup_steps, total=cfg.max_steps, min_ratio=cfg.min_lr_ratio,
+            decay_fraction=cfg.decay_fraction))
+        self.autocast = (torch.autocast(d.device.type, dtype=torch.bfloat16)
+                         if cfg.dtype == "bfloat16" and cfg.parallelism == "ddp" else nullcontext())
+
+        self.val_rows = held_out_rows(Path(spec.tokens_dir).parent / "val", cfg.val_sequences, d)
+        self.state = self.resume()
+        self.start_step = self.state.step
+        self.logger = RankZeroLogger(d.rank, spec)
+        self.tokens_per_step = d.world * cfg.micro_batch_size * cfg.grad_accum_steps * spec.seq_len
         if d.rank == 0:
-            emit("resumed", step=start_step)
+            emit("start", params=self.n_params, world=d.world, device=str(d.device),
+                 sequences=self.batches.sequences, start_step=self.start_step, max_steps=cfg.max_steps,
+                 parallelism=cfg.parallelism)
+        self.throughput, self.started = Throughput(self.tokens_per_step), time.perf_counter()
 
-    autocast = (torch.autocast(d.device.type, dtype=torch.bfloat16)
-                if cfg.dtype == "bfloat16" and cfg.parallelism == "ddp" else nullcontext())
-    logger = RankZeroLogger(d.rank, spec)
-    if d.rank == 0:
-        emit("start", params=n_params, world=d.world, device=str(d.device), sequences=int(rows.sum()),
-             start_step=start_step, max_steps=cfg.max_steps, parallelism=cfg.parallelism)
-    tokens_per_step = d.world * cfg.micro_batch_size * cfg.grad_accum_steps * spec.seq_len
-    t_last, steps_since = time.perf_counter(), 0
-    train_start = time.perf_counter()
-    module.train()
-    for step in range(start_step, cfg.max_steps):
-        opt.zero_grad(set_to_none=True)
-        loss_sum = torch.zeros((), device=d.device)
+    def resume(self) -> TrainState:
+        """The last committed checkpoint's state (weights, optimizer, scheduler and RNG restored in place)."""
+        steps = committed_steps(self.ckpt.root)
+        if not steps:
+            return TrainState()
+        state = TrainState.restore(self.ckpt.load(steps[-1], self.model, self.opt, self.sched))
+        self.ckpt.protected = state.best_step
+        if self.d.rank == 0:
+            emit("resumed", step=state.step)
+        return state
+
+    def train(self) -> dict[str, Any]:
+        self.module.train()
+        for step in range(self.start_step, self.cfg.max_steps):
+            grad_norm = self.train_step(step)
+            self.maybe_log(grad_norm)
+            self.maybe_checkpoint()
+        return self.finalize()
+
+    def forward_backward(self, step: int) -> torch.Tensor:
+        """Gradients of one step, accumulated over its micro-batches (synced on the last); the summed loss."""
+        cfg = self.cfg
+        loss_sum = torch.zeros((), device=self.d.device)
         for micro in range(cfg.grad_accum_steps):
-            ids = order.indices(step, micro, d.rank, world=d.world, micro_batch=cfg.micro_batch_size,
-                                accum=cfg.grad_accum_steps)
-            batch = torch.from_numpy(gather_rows(shards, offsets, ids)).to(d.device)
-            kwargs = {}
-            if positions:
-                pos = torch.from_numpy(gather_rows(positions, offsets, ids)).to(d.device)
-                kwargs = {"position_ids": pos, "attention_mask": document_mask(pos)}
+            inputs = self.batches.micro_batch(step, micro)
             last = micro == cfg.grad_accum_steps - 1
-            with parallel.set_grad_sync(module, cfg.parallelism, last), autocast:
-                loss = module(input_ids=batch, labels=batch, **kwargs).loss / cfg.grad_accum_steps
+            with parallel.set_grad_sync(self.module, cfg.parallelism, last), self.autocast:
+                loss = self.module(**inputs).loss / cfg.grad_accum_steps
                 loss.backward()
             loss_sum += loss.detach()
-        grad_norm = parallel.as_float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip))
-        opt.step()
-        sched.step()
+        return loss_sum
+
+    def train_step(self, step: int) -> float:
+        """One optimizer step; records the loss averaged over ranks and returns the (pre-clip) grad norm."""
+        self.opt.zero_grad(set_to_none=True)
+        loss = self.forward_backward(step)
+        grad_norm = parallel.as_float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip))
+        self.opt.step()
+        self.sched.step()
+        if self.d.distributed:
+            dist.all_reduce(loss, op=dist.ReduceOp.SUM)
+            loss /= self.d.world
+        self.state.losses.append(float(loss))
+        self.state.step = step + 1
+        return grad_norm
+
+    def maybe_log(self, grad_norm: float) -> None:
+        """Rank 0, every ``log_every`` steps and at the last: MLflow metrics and one JSON line."""
+        done, cfg = self.state.step, self.cfg
+        self.throughput.step()
+        if self.d.rank != 0 or not (done % cfg.log_every == 0 or done == cfg.max_steps):
+            return
+        tps = self.throughput.read()
+        metrics = {"train_loss": self.state.losses[-1], "lr": float(self.sched.get_last_lr()[0]),
+                   "grad_norm": grad_norm, "tokens_per_s": tps, "tokens_seen": done * self.tokens_per_step}
+        util = mfu(tps, self.flops_per_token, self.d.world, self.peak)
+        if util is not None:
+            metrics["mfu"] = util
+        self.logger.log(metrics, step=done)
+        emit("step", step=done, max_steps=cfg.max_steps, **metrics)
+
+    def maybe_checkpoint(self) -> None:
+        """Every ``checkpoint_every`` steps before the last (the last is exported instead): the val loss, then a
+        DCP save, logged when it commits (at once; an async save at the next save or in ``finalize``)."""
+        done = self.state.step
+        if done % self.cfg.checkpoint_every or done >= self.cfg.max_steps:
+            return
+        self.validate()
+        self.ckpt.save(done, self.model, self.opt, self.sched, self.state.snapshot())
+
+    def validate(self) -> None:
+        """The held-out loss at this step (when there are held-out rows); the best step survives pruning."""
+        if self.val_rows is None:
+            return
+        done = self.state.step
+        self.state.val_losses[done] = validation_loss(self.module, self.val_rows, self.cfg, self.d)
+        self.ckpt.protected = self.state.best_step
+        self.logger.log({"val_loss": self.state.val_losses[done]}, step=done)
+
+    def _committed(self, step: int, saved: dict[str, Any]) -> None:
+        """Rank 0, once a checkpoint is committed: report it, and log it to MLflow."""
+        val_loss = saved["val_losses"].get(step)
+        emit("checkpoint", step=step, val_loss=val_loss)
+        self.logger.checkpoint(step, saved["losses"][-1], val_loss)
+
+    def finalize(self) -> dict[str, Any]:
+        """Commit the checkpoint in flight, score the final weights, export them (and the best checkpoint when
+        an earlier one scored better), and write ``train_summary.json`` once."""
+        cfg, d, state = self.cfg, self.d, self.state
+        self.ckpt.finish()
+        self.validate()
+        last = state.losses[-max(1, min(10, len(state.losses))):]
+        summary = {"params": self.n_params, "world_size": d.world, "steps": cfg.max_steps,
+                   "tokens_per_step": self.tokens_per_step, "tokens_seen": cfg.max_steps * self.tokens_per_step,
+                   "losses": state.losses, "final_loss": float(np.mean(last)),
+                   "resumed_from": self.start_step, "wall_s": time.perf_counter() - self.started,
+                   "parallelism": cfg.parallelism, "val_losses": state.val_losses, "best_step": state.best_step}
+        export(self.model, self.spec, d, "hf")
+        best = state.best_step
+        if best is not None and best != cfg.max_steps:
+            self.ckpt.load_model_only(best, self.model)
+            export(self.model, self.spec, d, "best")
+        if d.rank == 0:
+            (Path(self.spec.out_dir) / "train_summary.json").write_text(json.dumps(summary, indent=2))
+            emit("done", final_loss=summary["final_loss"])
         if d.distributed:
-            dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM)
-            loss_sum /= d.world
-        losses.append(float(loss_sum))
-        steps_since += 1
-        done = step + 1
-        if d.rank == 0 and (done % cfg.log_every == 0 or done == cfg.max_steps):
-            now = time.perf_counter()
-            tps = tokens_per_step * steps_since / (now - t_last)
-            t_last, steps_since = now, 0
-            metrics = {"train_loss": losses[-1], "lr": sched.get_last_lr()[0], "grad_norm": grad_norm,
-                       "tokens_per_s": tps, "tokens_seen": done * tokens_per_step}
-            util = mfu(tps, per_token_flops, d.world, peak)
-            if util is not None:
-                metrics["mfu"] = util
-            logger.log(metrics, step=done)
-            emit("step", step=done, max_steps=cfg.max_steps, **metrics)
-        if done % cfg.checkpoint_every == 0 and done < cfg.max_steps:
-            if val_rows is not None:
-                val_losses[done] = validation_loss(module, val_rows, cfg, d)
-                ckpt.protected = min(val_losses, key=val_losses.get)
-                logger.log({"val_loss": val_losses[done]}, step=done)
-            ckpt.save(done, model, opt, sched, {"losses": list(losses), "val_losses": val_losses})
-            if d.rank == 0:
-                emit("checkpoint", step=done, val_loss=val_losses.get(done))
-                logger.checkpoint(done, ckpt_root, losses[-1])
-    ckpt.finish()
-    if val_rows is not None:
-        val_losses[cfg.max_steps] = validation_loss(module, val_rows, cfg, d)
-        logger.log({"val_loss": val_losses[cfg.max_steps]}, step=cfg.max_steps)
-
-    summary = {"params": n_params, "world_size": d.world, "steps": cfg.max_steps, "tokens_per_step": tokens_per_step,
-               "tokens_seen": cfg.max_steps * tokens_per_step, "losses": losses,
-               "final_loss": float(np.mean(losses[-max(1, min(10, len(losses))):])),
-               "resumed_from": start_step, "wall_s": time.perf_counter() - train_start,
-               "parallelism": cfg.parallelism, "val_losses": val_losses}
-    export(model, spec, summary, d, "hf")
-    best = min(val_losses, key=val_losses.get) if val_losses else None
-    summary["best_step"] = best
-    if best is not None and best != cfg.max_steps:  # the best checkpoint is an earlier one: export it too
-        ckpt.load_model_only(best, model)
-        export(model, spec, summary, d, "best")
-    if d.rank == 0:
-        (Path(spec.out_dir) / "train_summary.json").write_text(json.dumps(summary, indent=2))
-    if d.rank == 0:
-        emit("done", final_loss=summary["final_loss"])
-    if d.distributed:
-        dist.barrier()
-        dist.destroy_process_group()
-    return summary
+            dist.barrier()
+            dist.destroy_process_group()
+        return summary
 
 
-def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+def train(spec: TrainSpec) -> dict[str, Any]:
+    return Trainer(spec).train()
+
+
+def full_state_dict(model: torch.nn.Module) -> dict[str, Any]:
     """Unsharded, on CPU (a collective under FSDP: every rank calls it)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-
-
-def held_out_rows(val_dir: Path, n: int, d: parallel.Dist) -> tuple[np.ndarray, np.ndarray | None] | None:
-    """This rank's equal share of the first n held-out rows (tokens, positions), or None when off/absent."""
-    shards = open_token_shards(val_dir) if n and val_dir.is_dir() else []
-    if not shards:
-        return None
-    tokens = np.concatenate([np.asarray(s) for s in shards])[:n]
-    pos_shards = open_token_shards(val_dir, kind="positions")
-    positions = np.concatenate([np.asarray(s) for s in pos_shards])[:n] if pos_shards else None
-    per_rank = len(tokens) // d.world
-    if per_rank == 0:
-        return None
-    sl = slice(d.rank * per_rank, (d.rank + 1) * per_rank)
-    return tokens[sl].astype(np.int64), None if positions is None else positions[sl].astype(np.int64)
 
 
 @torch.no_grad()
@@ -291,11 +373,9 @@ def validation_loss(module: torch.nn.Module, rows: tuple[np.ndarray, np.ndarray 
     total = torch.zeros(2, dtype=torch.float64, device=d.device)
     for start in range(0, len(tokens), cfg.micro_batch_size):
         batch = torch.from_numpy(tokens[start:start + cfg.micro_batch_size]).to(d.device)
-        kwargs = {}
-        if positions is not None and cfg.document_masking:
-            pos = torch.from_numpy(positions[start:start + cfg.micro_batch_size]).to(d.device)
-            kwargs = {"position_ids": pos, "attention_mask": document_mask(pos)}
-        loss = module(input_ids=batch, labels=batch, **kwargs).loss
+        pos = (torch.from_numpy(positions[start:start + cfg.micro_batch_size]).to(d.device)
+               if positions is not None and cfg.document_masking else None)
+        loss = module(**model_inputs(batch, pos)).loss
         total += torch.tensor([float(loss) * len(batch), len(batch)], dtype=torch.float64, device=d.device)
     module.train()
     if d.distributed:
@@ -303,8 +383,8 @@ def validation_loss(module: torch.nn.Module, rows: tuple[np.ndarray, np.ndarray 
     return float(total[0] / total[1])
 
 
-def export(model: torch.nn.Module, spec: TrainSpec, summary: dict, d: parallel.Dist, name: str = "hf") -> None:
-    """Final model + tokenizer in Hugging Face format (safetensors), loadable by from_pretrained.
+def export(model: torch.nn.Module, spec: TrainSpec, d: parallel.Dist, name: str = "hf") -> None:
+    """Model + tokenizer in Hugging Face format (safetensors) under ``out_dir/name``, loadable by from_pretrained.
 
     LoRA adapters are merged into the base weights, so the export is a plain model."""
     state = full_state_dict(model)
@@ -314,16 +394,15 @@ def export(model: torch.nn.Module, spec: TrainSpec, summary: dict, d: parallel.D
     fresh.load_state_dict(state)
     if spec.train.lora:
         fresh = fresh.merge_and_unload()
-    write_export(fresh, Path(spec.tokenizer_dir), Path(spec.out_dir), summary, name)
+    write_export(fresh, Path(spec.tokenizer_dir), Path(spec.out_dir), name)
 
 
-def write_export(model: torch.nn.Module, tokenizer_dir: Path, out_dir: Path, summary: dict, name: str = "hf") -> None:
+def write_export(model: PreTrainedModel, tokenizer_dir: Path, out_dir: Path, name: str = "hf") -> None:
     hf_dir = out_dir / name
     model.config.use_cache = True
     model.save_pretrained(str(hf_dir), safe_serialization=True)
     for f in (tokenizer_dir / "hf").iterdir():
         shutil.copy2(f, hf_dir / f.name)
-    (out_dir / "train_summary.json").write_text(json.dumps(summary, indent=2))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -331,6 +410,7 @@ def main(argv: list[str] | None = None) -> int:
     if len(argv) != 1:
         print("usage: python -m codemill.models.trainer SPEC.json", file=sys.stderr)
         return 2
+    lifeline.arm()  # die with torchrun and with the launcher: never train on as an orphan
     spec = TrainSpec.model_validate_json(Path(argv[0]).read_text())
     faulthandler.enable()
     dump_after = os.environ.get(STACK_DUMP_ENV)

@@ -24,7 +24,7 @@ def hf_model(tmp_path):
     tok = train_bpe([p.prompt + p.canonical_solution for p in load_problems().values()], 300, 2)
     save_tokenizer(tok, tmp_path / "tok")
     model = build_model(cfg.train.model, tok.get_vocab_size(), 128, 0, 1, seed=0)
-    write_export(model, tmp_path / "tok", tmp_path / "out", {"note": "untrained"})
+    write_export(model, tmp_path / "tok", tmp_path / "out")
     return tmp_path / "out" / "hf"
 
 
