@@ -10,6 +10,12 @@ produce the same thing and only one copy must win. Locally the rename into place
 ``fcntl.flock`` on a per-artifact lock file (so one writer cannot delete a directory another has just
 committed); remotely, where no lock exists, commits are write-once: a committed manifest is never replaced
 or deleted, the first manifest wins and a later writer of the same digest counts it as success.
+
+Staging left by a killed run: a writer holds an ``flock`` on its staging directory for as long as it lives
+(the kernel drops it when the process dies, however it dies), so a staging directory whose lock can be taken
+is stale. Opening a writer sweeps its stage's stale staging, and the writer's sidecar files named
+``<staging name>.*`` (the train task's ``.spec.json``), under a per-stage lock that also covers the creation
+of a new staging directory, so a concurrent run's live staging is never taken for stale.
 """
 
 from __future__ import annotations
@@ -157,12 +163,9 @@ class ArtifactStore:
         half-written artifact."""
         ref = self.ref_for(plan)
         if self.is_local:
-            stage_dir = Path(self.root) / ref.stage
-            stage_dir.mkdir(parents=True, exist_ok=True)
-            staging = Path(tempfile.mkdtemp(prefix=f".staging-{ref.name}-{ref.short}-", dir=stage_dir))
+            staging, held = open_staging(Path(self.root) / ref.stage, ".staging-", f"{ref.name}-{ref.short}-")
         else:
-            self.cache_dir.mkdir(parents=True, exist_ok=True)
-            staging = Path(tempfile.mkdtemp(prefix=f"staging-{ref.name}-{ref.short}-", dir=self.cache_dir))
+            staging, held = open_staging(self.cache_dir, "staging-", f"{ref.name}-{ref.short}-")
         w = ArtifactWriter(plan, ref, staging)
         try:
             yield w
@@ -171,6 +174,7 @@ class ArtifactStore:
             self._commit(ref, staging, w.manifest)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
+            os.close(held)  # after the rename or removal: a sweeper never sees this directory unlocked
 
     def _commit(self, ref: ArtifactRef, staging: Path, manifest: Manifest) -> None:
         payload = manifest.model_dump_json(indent=2)
@@ -203,6 +207,54 @@ def artifact_lock(target: Path) -> Iterator[None]:
         yield
     finally:
         os.close(fd)  # closing the descriptor releases the lock
+
+
+def open_staging(parent: Path, prefix: str, name: str) -> tuple[Path, int]:
+    """A new staging directory ``<parent>/<prefix><name><random>`` and the descriptor holding its lock; first,
+    the stale staging (and sidecars) of dead writers under ``parent`` are removed."""
+    parent.mkdir(parents=True, exist_ok=True)
+    with artifact_lock(parent):  # .<parent>.lock, beside it: no sweep runs between the mkdtemp and the flock
+        sweep_stale_staging(parent, prefix)
+        staging = Path(tempfile.mkdtemp(prefix=f"{prefix}{name}", dir=parent))
+        fd = os.open(staging, os.O_RDONLY | os.O_DIRECTORY)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # new and unseen: cannot be held by anyone else
+    return staging, fd
+
+
+def sweep_stale_staging(parent: Path, prefix: str) -> list[Path]:
+    """Remove staging directories under ``parent`` whose writer is gone (their lock can be taken), and the
+    files named ``<staging name>.*`` whose staging directory is gone or stale. Returns what was removed."""
+    entries = sorted(parent.glob(f"{prefix}*"))
+    dirs = [p for p in entries if p.is_dir()]
+    files = [p for p in entries if p not in dirs]
+    removed = [d for d in dirs if _remove_if_unlocked(d)]
+    live = [d.name for d in dirs if d not in removed]
+    for f in files:
+        if not any(f.name.startswith(f"{n}.") for n in live):
+            f.unlink(missing_ok=True)
+            removed.append(f)
+    return removed
+
+
+def _remove_if_unlocked(staging: Path) -> bool:
+    try:
+        fd = os.open(staging, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:  # renamed into place or removed meanwhile: nothing to sweep
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return False  # a live writer holds it
+    try:  # held by us now; remove it only if the name still is this directory
+        if os.stat(staging).st_ino == os.fstat(fd).st_ino:
+            shutil.rmtree(staging, ignore_errors=True)
+            return True
+        return False
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def _commit_local_dir(staging: Path, target: Path) -> None:
