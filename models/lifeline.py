@@ -8,7 +8,7 @@ ties, both armed by the rank itself at startup (``arm``):
 * **The launcher's lifeline.** ``run_streaming`` hands torchrun the read end of a pipe as stdin and keeps the
   write end; torchrun's ranks inherit that stdin. A watcher thread in each rank blocks reading it: end of file
   means every holder of the write end is gone, i.e. the launcher process died (however: SIGKILL included), and
-  the rank SIGKILLs itself; torchrun then sees its workers fail and exits (it polls every 0.1 s). A pipe
+  the rank SIGKILLs its torchrun (which would otherwise clean up, or restart workers, for nobody) and itself. A pipe
   closes with the *process*, whichever thread started torchrun (Prefect runs tasks in worker threads), which
   is why it is used for this link rather than ``PR_SET_PDEATHSIG`` (that fires when the forking *thread*
   exits).
@@ -40,7 +40,8 @@ def arm() -> None:
     die_with_parent()
     fd = os.environ.get(LIFELINE_FD_ENV)
     if fd is not None:
-        threading.Thread(target=_watch, args=(int(fd),), name="codemill-lifeline", daemon=True).start()
+        torchrun = _launched_torchrun()
+        threading.Thread(target=_watch, args=(int(fd), torchrun), name="codemill-lifeline", daemon=True).start()
 
 
 def die_with_parent(sig: signal.Signals = signal.SIGKILL) -> bool:
@@ -67,6 +68,14 @@ def _parent_already_gone() -> bool:
     return parent != int(launcher) and parent_of(parent) != int(launcher)  # parent: torchrun, or the launcher
 
 
+def _launched_torchrun() -> int | None:
+    """The parent's pid when it is the process the launcher started (torchrun), not the launcher itself."""
+    launcher, parent = os.environ.get(LAUNCHER_PID_ENV), os.getppid()
+    if launcher is None or parent == int(launcher) or parent_of(parent) != int(launcher):
+        return None
+    return parent
+
+
 def parent_of(pid: int) -> int | None:
     """A process's parent pid from /proc (None when it is gone)."""
     try:
@@ -76,11 +85,14 @@ def parent_of(pid: int) -> int | None:
     return int(stat.rsplit(")", 1)[1].split()[1])  # the name (field 2) may hold spaces and parentheses
 
 
-def _watch(fd: int) -> None:
-    """Block on the lifeline; at end of file (or an error reading it) the launcher is gone: die at once."""
+def _watch(fd: int, torchrun: int | None) -> None:
+    """Block on the lifeline; at end of file (or an error reading it) the launcher is gone: kill torchrun (while
+    it still is our parent, so the pid cannot have been reused) and this rank at once."""
     try:
         while os.read(fd, 4096):
             pass
     except OSError:
         pass
+    if torchrun is not None and os.getppid() == torchrun:
+        os.kill(torchrun, signal.SIGKILL)
     os.kill(os.getpid(), signal.SIGKILL)

@@ -20,9 +20,11 @@ from codemill.models.lifeline import parent_of
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc and prctl are Linux")
 
-RANK = "import os, time; from codemill.models import lifeline; {arm}; print(os.getpid(), flush=True); time.sleep(120)"
-TORCHRUN = ("import subprocess, sys; subprocess.Popen([sys.executable, '-c', sys.argv[1]], start_new_session=True)"
-            ".wait()")
+RANK = ("import os, time; from codemill.models import lifeline; {arm}; print(os.getpid(), os.getppid(), flush=True); "
+        "time.sleep(120)")
+# like torchrun, it outlives its rank (torchrun cleans up, or restarts workers, for a while)
+TORCHRUN = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', sys.argv[1]], "
+            "start_new_session=True).wait(); time.sleep(120)")
 LAUNCHER = textwrap.dedent("""
     import os, sys
     from codemill.models.launch import run_streaming
@@ -46,36 +48,41 @@ def _gone_within(pid: int, seconds: float) -> bool:
     return not _alive(pid)
 
 
-def _launch_rank(arm: str) -> tuple[subprocess.Popen, int]:
-    """launcher -> torchrun stand-in -> rank (own session); returns the launcher and the rank's pid."""
+def _launch_rank(arm: str) -> tuple[subprocess.Popen, int, int]:
+    """launcher -> torchrun stand-in -> rank (own session); returns the launcher and the rank's and stand-in's pids."""
     launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, TORCHRUN, RANK.format(arm=arm)],
                                 stdout=subprocess.PIPE, text=True, start_new_session=True)
     assert launcher.stdout is not None
-    return launcher, int(launcher.stdout.readline())
+    rank, torchrun = map(int, launcher.stdout.readline().split())
+    assert parent_of(torchrun) == launcher.pid
+    return launcher, rank, torchrun
 
 
-def test_rank_dies_when_its_launcher_is_sigkilled():
-    """The lifeline alone: the torchrun stand-in (own session, no ties) lives on, the rank does not."""
-    launcher, rank = _launch_rank("lifeline.arm()")
+def test_rank_and_torchrun_die_when_the_launcher_is_sigkilled():
+    """The lifeline alone: the torchrun stand-in has no ties of its own and the rank's parent lives on."""
+    launcher, rank, torchrun = _launch_rank("lifeline.arm()")
     try:
         assert _alive(rank)
-        os.killpg(launcher.pid, signal.SIGKILL)  # the launcher's group only: the rank is in its own session
+        os.killpg(launcher.pid, signal.SIGKILL)  # the launcher's group only: the others have their own sessions
         launcher.wait()
         assert _gone_within(rank, 3), "the rank outlived its launcher"
+        assert _gone_within(torchrun, 3), "torchrun outlived its launcher"
     finally:
-        if _alive(rank):
-            os.kill(rank, signal.SIGKILL)
+        for pid in (rank, torchrun):
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
 
 
 def test_unarmed_rank_outlives_its_launcher():
     """The control: without the lifeline nothing ends the rank (what the test above guards against)."""
-    launcher, rank = _launch_rank("None")
+    launcher, rank, torchrun = _launch_rank("None")
     try:
         os.killpg(launcher.pid, signal.SIGKILL)
         launcher.wait()
         assert not _gone_within(rank, 1.5)
     finally:
         os.kill(rank, signal.SIGKILL)
+        os.kill(torchrun, signal.SIGKILL)
 
 
 def test_rank_dies_with_its_parent():
@@ -88,7 +95,7 @@ def test_rank_dies_with_its_parent():
         rank.wait()
     """), RANK.format(arm="lifeline.die_with_parent()")], stdout=subprocess.PIPE, text=True)
     assert torchrun.stdout is not None
-    rank = int(torchrun.stdout.readline())
+    rank = int(torchrun.stdout.readline().split()[0])
     try:
         assert parent_of(rank) == torchrun.pid
         torchrun.kill()
