@@ -60,10 +60,13 @@ def retry_on_server_error(task: Any, task_run: Any, state: Any) -> bool:
 
 
 def artifact_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
-    """The Prefect cache key is the artifact digest (plus the store it lives in)."""
+    """The Prefect cache key is the artifact digest, the store it lives in and the tracking server that records
+    it: a run on another MLflow must still reach ``run_stage``, which records the stage there (a cache hit would
+    hand back a run id from the other server's database)."""
     plan: StagePlan = parameters["plan"]
     ctx: RunContext = parameters["ctx"]
-    return f"codemill-{plan.stage}-{plan.digest}-{ArtifactStore(ctx.store_root).root_url.rstrip('/')}"
+    store = ArtifactStore(ctx.store_root).root_url.rstrip("/")
+    return f"codemill-{plan.stage}-{plan.digest}-{store}-{ctx.tracking_uri}"
 
 
 def stage_task(name: str, **options: Any) -> Callable[[Callable[..., StageResult]], Any]:
