@@ -88,14 +88,17 @@ PresetOpt = Annotated[str | None, typer.Option(help=f"Preset name: {', '.join(pr
                                                    f"(default: {DEFAULT_PRESET}).")]
 StoreOpt = Annotated[str | None, typer.Option(help="Artifact store root (path or fsspec URL).")]
 UntilOpt = Annotated[str, typer.Option(help="Stop after this stage: ingest, tokenize, train or evaluate.")]
+AsJson = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table/tree.")]
 
 
 def _check_until(until: str) -> None:
-    from codemill.flows.plan import PHASES
+    """The flows' own check of ``until``, as a usage error (exit 2) before anything starts."""
+    from codemill.flows.plan import check_until
 
-    if until not in PHASES:
-        raise typer.BadParameter(f"{until!r} is not a stage; choose one of {', '.join(PHASES)}",
-                                 param_hint="--until")
+    try:
+        check_until(until)
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint="--until") from e
 
 
 @app.command()
@@ -116,8 +119,7 @@ def run(config: ConfigOpt = None, source: SourceOpt = None, preset: PresetOpt = 
 
 @app.command()
 def plan(config: ConfigOpt = None, source: SourceOpt = None, preset: PresetOpt = None, store: StoreOpt = None,
-         until: UntilOpt = "evaluate", as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
-         ) -> None:
+         until: UntilOpt = "evaluate", as_json: AsJson = False) -> None:
     """Dry run: every stage with its digest, where its artifact lives, and whether it would run or be skipped.
 
     Reads the sources (to fingerprint them) and the store; writes nothing, starts no MLflow run and needs no
@@ -250,18 +252,15 @@ def _lineage_sources(config: Path | None, preset: str | None, store: str | None,
     return LineageReader(uri), ArtifactStore(cfg.store_root)
 
 
-LineageConfig = Annotated[Path | None, typer.Option(help="Pipeline config YAML (instead of --preset).")]
 LineagePreset = Annotated[str | None, typer.Option(help=f"Preset naming the store and tracking URI (default: "
                                                        f"{DEFAULT_PRESET}).")]
-LineageStore = Annotated[str | None, typer.Option(help="Artifact store root (path or fsspec URL).")]
 LineageUri = Annotated[str | None, typer.Option(help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, config).")]
-AsJson = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table/tree.")]
 
 
 @app.command()
 def lineage(
     ident: Annotated[str, typer.Argument(help="LoggedModel id (m-...), MLflow run id, or artifact digest (prefix).")],
-    config: LineageConfig = None, preset: LineagePreset = None, store: LineageStore = None,
+    config: ConfigOpt = None, preset: LineagePreset = None, store: StoreOpt = None,
     tracking_uri: LineageUri = None, as_json: AsJson = False,
 ) -> None:
     """Show the chain eval scores -> checkpoint -> training run -> tokens -> corpus -> sources."""
@@ -276,7 +275,7 @@ def lineage(
 def compare(
     model_a: Annotated[str, typer.Argument(help="LoggedModel id (a, the candidate).")],
     model_b: Annotated[str, typer.Argument(help="LoggedModel id (b, the reference).")],
-    config: LineageConfig = None, preset: LineagePreset = None, store: LineageStore = None,
+    config: ConfigOpt = None, preset: LineagePreset = None, store: StoreOpt = None,
     tracking_uri: LineageUri = None, as_json: AsJson = False,
     alpha: Annotated[float, typer.Option(help="Significance level of the verdict.")] = 0.05,
 ) -> None:
