@@ -57,12 +57,16 @@ def execute(steps: list[Step], ctx: RunContext, store: ArtifactStore) -> dict[st
     return results
 
 
+def eval_results(stages: dict[str, StageResult]) -> dict[str, StageResult]:
+    """A run's evaluation steps (keyed ``eval:<suite>``), by suite."""
+    return {k.removeprefix("eval:"): v for k, v in stages.items() if k.startswith("eval:")}
+
+
 def scores_of(stages: dict[str, StageResult]) -> dict[str, float]:
     """The eval scores (and their CI bounds) of a run's evaluation steps."""
     out: dict[str, float] = {}
-    for key, result in stages.items():
-        if key.startswith("eval:"):
-            out |= {k: v for k, v in result.summary.items() if isinstance(v, float)}
+    for result in eval_results(stages).values():
+        out |= {k: v for k, v in result.summary.items() if isinstance(v, float)}
     return out
 
 

@@ -11,7 +11,7 @@ from prefect.runtime import flow_run
 
 from codemill import tags as T
 from codemill.config import PipelineConfig
-from codemill.flows.common import execute, flow_result, flow_run_url, open_flow_run
+from codemill.flows.common import eval_results, execute, flow_result, flow_run_url, open_flow_run
 from codemill.flows.hooks import record_failure_on_mlflow
 from codemill.flows.plan import plan_evaluations
 from codemill.lineage import Registry
@@ -41,7 +41,7 @@ def evaluate_resolved(ctx: RunContext, store: ArtifactStore, config: PipelineCon
                       corpus: ArtifactRef | None, samples_file: str | None = None) -> dict[str, StageResult]:
     """The configured suites on a model whose LoggedModel and folder are known: suite -> result."""
     steps = plan_evaluations(config, model.ref, corpus, samples_file, resolved=model)
-    return {k.removeprefix("eval:"): v for k, v in execute(steps, ctx, store).items()}
+    return eval_results(execute(steps, ctx, store))
 
 
 def gate_against_champion(ctx: RunContext, store: ArtifactStore, config: PipelineConfig, model: ResolvedModel,

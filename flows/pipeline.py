@@ -16,7 +16,7 @@ from prefect.runtime import flow_run
 from codemill import tags as T
 from codemill.config import PipelineConfig
 from codemill.flows.artifacts import publish_run_artifacts
-from codemill.flows.common import execute, flow_result, flow_run_url, open_flow_run, scores_of
+from codemill.flows.common import eval_results, execute, flow_result, flow_run_url, open_flow_run, scores_of
 from codemill.flows.evaluate import gate_against_champion
 from codemill.flows.hooks import record_failure_on_mlflow, run_name_from, tag_current_flow_run
 from codemill.flows.plan import Phase, plan_pipeline
@@ -38,9 +38,8 @@ def run_pipeline(config: PipelineConfig, until: str = "evaluate", flow_name: str
         steps = plan_pipeline(config, fingerprint_sources_task(config.ingest), store, until)
         stages = execute(steps, ctx, store)
         if until == "evaluate":
-            evals = {k.removeprefix("eval:"): v for k, v in stages.items() if k.startswith("eval:")}
             verdict = gate_against_champion(ctx, store, config, trained_model(ctx, stages["train"]),
-                                            store.ref_for(steps[0].plan), evals)
+                                            store.ref_for(steps[0].plan), eval_results(stages))
     except BaseException:
         lineage.end_run(parent, failed=True)
         raise
