@@ -81,11 +81,6 @@ Producer = Callable[[ArtifactWriter, str], Manifest]  # (writer, stage run id)
 Recorder = Callable[[Lineage, str, Manifest], dict[str, Any]]
 
 
-def no_record(lineage: Lineage, run_id: str, manifest: Manifest) -> dict[str, Any]:
-    """A stage whose MLflow record is only what every stage records (its plan and manifest)."""
-    return {}
-
-
 def run_stage(ctx: RunContext, plan: StagePlan, produce: Producer, record: Recorder,
               summarize: Callable[[Manifest], dict[str, Any]]) -> StageResult:
     """Skip if committed; else produce under a writer (manifest last). Then make sure MLflow knows it.
