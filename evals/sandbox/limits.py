@@ -22,11 +22,17 @@ class Limits:
     processes: int = 32  # per sandbox uid (RLIMIT_NPROC): stops fork bombs
     tmpfs_bytes: int = 64 << 20  # size of the private work dir
 
-    def apply(self) -> None:
-        """Called in the forked child (preexec): set every limit, hard = soft so nothing can raise them."""
-        resource.setrlimit(resource.RLIMIT_CPU, (self.cpu_s, self.cpu_s + 1))
+    def apply(self, cpu: bool = True) -> None:
+        """Called in the forked child (preexec): set every limit, hard = soft so nothing can raise them.
+        ``cpu=False`` for a long-lived server, whose samples each get the CPU limit in their own child."""
+        if cpu:
+            resource.setrlimit(resource.RLIMIT_CPU, (self.cpu_s, self.cpu_s + 1))
         resource.setrlimit(resource.RLIMIT_AS, (self.memory_bytes, self.memory_bytes))
         resource.setrlimit(resource.RLIMIT_FSIZE, (self.file_bytes, self.file_bytes))
         resource.setrlimit(resource.RLIMIT_NOFILE, (self.open_files, self.open_files))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         resource.setrlimit(resource.RLIMIT_NPROC, (self.processes, self.processes))
+
+    def per_sample(self) -> dict[str, int]:
+        """The limits a server's child sets for one sample (the others it inherits from the server)."""
+        return {"RLIMIT_CPU": self.cpu_s, "RLIMIT_AS": self.memory_bytes}

@@ -84,7 +84,8 @@ class Sandbox:
         self.as_root = os.geteuid() == 0
 
     # --- the command -----------------------------------------------------------------------------------
-    def command(self, slot: int = 0) -> list[str]:
+    def command(self, slot: int = 0, uid: int | None = None) -> list[str]:
+        """The argv that runs Python (program on stdin) in a fresh sandbox as ``uid`` (default: the slot's)."""
         py = [self.python, "-I", "-S", "-B", "-"]
         if self.unsafe:
             return py
@@ -96,8 +97,8 @@ class Sandbox:
                 raise SandboxUnavailable("setpriv (util-linux) is needed to drop root inside the sandbox")
             namespaces = ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
                           "--unshare-cgroup-try"]
-            uid = str(SANDBOX_UID_BASE + slot)
-            drop = [self.setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all",
+            as_uid = str(SANDBOX_UID_BASE + slot if uid is None else uid)
+            drop = [self.setpriv, f"--reuid={as_uid}", f"--regid={as_uid}", "--clear-groups", "--inh-caps=-all",
                     "--bounding-set=-all", "--no-new-privs", "--"]
         else:
             namespaces, drop = ["--unshare-all", "--cap-drop", "ALL"], []

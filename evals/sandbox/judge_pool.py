@@ -1,0 +1,227 @@
+"""Judge samples on long-lived sandbox servers: a candidate server and a judge server per worker slot.
+
+Per sample the host makes two socketpairs (judge <-> candidate, and judge -> host for the verdict), hands
+one end of the first to the candidate server and the other end plus the verdict end to the judge server,
+and keeps only its verdict end. The verdict is the only thing that can make a sample pass, and it comes from
+the judge's process, which the candidate's code cannot reach (another sandbox, another uid, and a channel
+that carries plain data only). How the candidate's process ended only *names* a failure (timed out, out of
+memory, exited), never turns one into a pass.
+
+Process reuse keeps samples apart: each sample runs in a fresh fork of each server, and a server answers
+"done" only after it has killed the sample's leftovers and emptied the writable folders, before the next
+sample starts. A server that dies or hangs is replaced with a fresh sandbox.
+"""
+
+from __future__ import annotations
+
+import queue
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from codemill.evals.problems import ExecProblem
+from codemill.evals.sandbox.limits import Limits
+from codemill.evals.sandbox.pool import default_workers
+from codemill.evals.sandbox.runner import Outcome, Sandbox, SandboxUnavailable
+from codemill.evals.sandbox.servers import Server, ServerDied
+from codemill.evals.sandbox.wire import BadData, ChannelClosed, ChannelTimeout, recv_frame
+
+VERDICT_GRACE_S = 0.5
+
+
+@dataclass(frozen=True)
+class Judged:
+    """One sample's verdict, as the host saw it. ``kind`` is the judge's (or the host's) word for it."""
+
+    outcome: Outcome
+    passed: bool
+    partial: float
+    kind: str
+    error: str
+    duration_s: float
+    candidate: dict[str, Any]
+
+    @property
+    def suspicious(self) -> str | None:
+        """Why this sample deserves a look (None for an ordinary pass or failure)."""
+        if self.outcome is Outcome.TIMED_OUT:
+            return "timed_out"
+        died = self.candidate.get("ended_by") == "itself" and self.candidate.get("signal") is not None
+        if self.outcome is Outcome.KILLED_MEMORY or died:
+            return "killed"
+        if self.kind == "candidate_gone":
+            return "exited"
+        if self.kind in ("no_verdict", "judge_error", "bad_data"):
+            return self.kind
+        return None
+
+
+class _Slot:
+    def __init__(self, sandbox: Sandbox, index: int) -> None:
+        self.sandbox, self.index = sandbox, index
+        self.servers: dict[str, Server | None] = {"candidate": None, "judge": None}
+        self.restarts = 0
+
+    def server(self, role: str) -> Server:
+        current = self.servers[role]
+        if current is None or not current.alive():
+            if current is not None:
+                current.stop()
+                self.restarts += 1
+            current = Server.start(self.sandbox, role, self.index)
+            self.servers[role] = current
+        return current
+
+    def drop(self, role: str) -> None:
+        current = self.servers[role]
+        if current is not None:
+            current.stop()
+            self.servers[role] = None
+            self.restarts += 1
+
+    def close(self) -> None:
+        for role in self.servers:
+            current = self.servers[role]
+            if current is not None:
+                current.stop()
+                self.servers[role] = None
+
+
+class JudgePool:
+    """``with JudgePool(limits) as pool: pool.judge_all([(problem, completion), ...])``. Fails closed: the
+    sandbox is probed (no network, the servers up under their own uids) before any sample runs."""
+
+    def __init__(self, limits: Limits | None = None, workers: int | None = None, unsafe: bool = False) -> None:
+        self.limits = limits or Limits()
+        self.workers = workers or default_workers()
+        self.sandbox = Sandbox(self.limits, unsafe=unsafe)
+        self._slots: queue.Queue[_Slot] = queue.Queue()
+        self._all: list[_Slot] = []
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> JudgePool:
+        self.sandbox.probe()
+        for i in range(self.workers):
+            slot = _Slot(self.sandbox, i)
+            self._all.append(slot)
+            self._slots.put(slot)
+        try:
+            for role in ("candidate", "judge"):
+                self._all[0].server(role)
+        except SandboxUnavailable:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for slot in self._all:
+            slot.close()
+
+    @property
+    def restarts(self) -> int:
+        return sum(s.restarts for s in self._all)
+
+    def judge_all(self, items: Sequence[tuple[ExecProblem, str]],
+                  on_done: Callable[[int, int], None] | None = None) -> list[Judged]:
+        """Verdicts in input order; one thread per slot (threads only wait on sockets)."""
+        done = [0]
+
+        def one(item: tuple[ExecProblem, str]) -> Judged:
+            slot = self._slots.get()
+            try:
+                return self._judge(slot, *item)
+            finally:
+                self._slots.put(slot)
+                with self._lock:
+                    done[0] += 1
+                    if on_done:
+                        on_done(done[0], len(items))
+
+        with ThreadPoolExecutor(max_workers=self.workers) as ex:
+            return list(ex.map(one, items))
+
+    def _judge(self, slot: _Slot, problem: ExecProblem, completion: str) -> Judged:
+        limits = self.limits.per_sample()
+        candidate, judge = slot.server("candidate"), slot.server("judge")
+        t0 = time.monotonic()
+        to_judge, to_candidate = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        verdict_host, verdict_judge = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        verdict: dict[str, Any] | None = None
+        host_kind = ""
+        sent: list[str] = []
+        try:
+            try:
+                candidate.send_sample({"source": problem.prompt + completion, "entry": problem.entry_point,
+                                       "limits": limits}, [to_candidate.fileno()])
+                sent.append("candidate")
+                judge.send_sample({"prompt": problem.prompt, "tests": problem.tests,
+                                   "test_cases": list(problem.test_cases), "entry": problem.entry_point,
+                                   "limits": limits}, [to_judge.fileno(), verdict_judge.fileno()])
+                sent.append("judge")
+            finally:
+                for s in (to_judge, to_candidate, verdict_judge):
+                    s.close()
+            deadline = t0 + self.limits.wall_s + VERDICT_GRACE_S
+            try:
+                reply = recv_frame(verdict_host, deadline=deadline)
+                verdict = reply.get("verdict") if isinstance(reply.get("verdict"), dict) else None
+                host_kind = "" if verdict else "no_verdict"
+            except ChannelTimeout:
+                host_kind = "timed_out"
+            except (ChannelClosed, BadData):
+                host_kind = "no_verdict"
+        except ServerDied:
+            host_kind = "no_verdict"
+            slot.drop("judge" if "candidate" in sent else "candidate")
+        finally:
+            verdict_host.close()
+        duration = time.monotonic() - t0
+        cand_info = self._end(slot, "candidate") if "candidate" in sent else {}
+        if "judge" in sent:
+            self._end(slot, "judge")
+        return _label(verdict, host_kind, cand_info, round(duration, 4))
+
+    def _end(self, slot: _Slot, role: str) -> dict[str, Any]:
+        server = slot.servers[role]
+        if server is None:
+            return {}
+        try:
+            return server.end_sample()
+        except ServerDied:
+            slot.drop(role)
+            return {"server_died": True}
+
+
+def _label(verdict: dict[str, Any] | None, host_kind: str, cand: dict[str, Any], duration: float) -> Judged:
+    """The sample's outcome. Only a judge verdict of kind "passed" with passed=True is a pass."""
+    if verdict is None:
+        kind = host_kind or "no_verdict"
+        outcome = Outcome.TIMED_OUT if kind == "timed_out" else Outcome.FAILED
+        error = "wall-clock limit" if kind == "timed_out" else "the judge wrote no verdict"
+        return Judged(outcome, False, 0.0, kind, error, duration, cand)
+    kind = str(verdict.get("kind", "bad_verdict"))
+    error = str(verdict.get("error", ""))[:500]
+    partial = verdict.get("partial", 0.0)
+    partial = float(partial) if type(partial) in (int, float) and 0.0 <= partial <= 1.0 else 0.0
+    if kind == "passed" and verdict.get("passed") is True:
+        return Judged(Outcome.PASSED, True, partial, kind, "", duration, cand)
+    outcome = Outcome.FAILED
+    if kind == "candidate_gone":
+        sig, code = cand.get("signal"), cand.get("exit")
+        if sig == signal.SIGXCPU or (sig == signal.SIGKILL and cand.get("ended_by") == "itself"):
+            outcome, error = Outcome.TIMED_OUT, f"CPU limit (killed by {signal.Signals(sig).name})"
+        elif sig is not None:
+            error = f"the candidate was killed by {signal.Signals(sig).name}"
+        elif code is not None:
+            error = f"the candidate exited with status {code} before answering"
+    elif error.startswith("MemoryError"):
+        outcome = Outcome.KILLED_MEMORY
+    return Judged(outcome, False, partial, kind, error, duration, cand)
