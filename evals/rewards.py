@@ -26,6 +26,7 @@ class Reward:
     outcome: str
     error: str
     duration_s: float
+    suspicious: str | None = None  # why the sample deserves a look (timed out, killed, exited, ...), if it does
 
     @property
     def reward(self) -> float:
@@ -53,7 +54,8 @@ def score(problems: Mapping[str, ExecProblem], samples: Sequence[tuple[str, str]
     rewards: list[Reward] = []
     suspicious: Counter[str] = Counter()
     for (pid, _), j in zip(samples, judged, strict=True):
-        rewards.append(Reward(pid, counter[pid], j.passed, j.partial, str(j.outcome), j.error, j.duration_s))
+        rewards.append(Reward(pid, counter[pid], j.passed, j.partial, str(j.outcome), j.error, j.duration_s,
+                              j.suspicious))
         counter[pid] += 1
         if j.suspicious:
             suspicious[j.suspicious] += 1

