@@ -24,9 +24,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from codemill.cpus import usable_cpus
 from codemill.evals.problems import ExecProblem
 from codemill.evals.sandbox.limits import Limits
-from codemill.evals.sandbox.pool import default_workers
 from codemill.evals.sandbox.runner import Outcome, Sandbox, SandboxUnavailable
 from codemill.evals.sandbox.servers import Server, ServerDied
 from codemill.evals.sandbox.wire import BadData, ChannelClosed, ChannelTimeout, recv_frame
@@ -98,7 +98,7 @@ class JudgePool:
 
     def __init__(self, limits: Limits | None = None, workers: int | None = None, unsafe: bool = False) -> None:
         self.limits = limits or Limits()
-        self.workers = workers or default_workers()
+        self.workers = workers or usable_cpus()
         self.sandbox = Sandbox(self.limits, unsafe=unsafe)
         self._slots: queue.Queue[_Slot] = queue.Queue()
         self._all: list[_Slot] = []
@@ -187,7 +187,7 @@ class JudgePool:
         cand_info = self._end(slot, "candidate") if "candidate" in sent else {}
         if "judge" in sent:
             self._end(slot, "judge")
-        return _label(verdict, host_kind, cand_info, round(duration, 4))
+        return _label(verdict, host_kind, cand_info, round(duration, 4), self.limits.cpu_s)
 
     def _end(self, slot: _Slot, role: str) -> dict[str, Any]:
         server = slot.servers[role]
@@ -200,8 +200,11 @@ class JudgePool:
             return {"server_died": True}
 
 
-def _label(verdict: dict[str, Any] | None, host_kind: str, cand: dict[str, Any], duration: float) -> Judged:
-    """The sample's outcome. Only a judge verdict of kind "passed" with passed=True is a pass."""
+def _label(verdict: dict[str, Any] | None, host_kind: str, cand: dict[str, Any], duration: float,
+           cpu_limit_s: float) -> Judged:
+    """The sample's outcome. Only a judge verdict of kind "passed" with passed=True is a pass. A candidate
+    killed by SIGXCPU, or by SIGKILL once it used its CPU seconds (the hard limit), ran out of time; one that
+    was SIGKILLed earlier was killed (by itself, or by the memory limit's OOM path)."""
     if verdict is None:
         kind = host_kind or "no_verdict"
         outcome = Outcome.TIMED_OUT if kind == "timed_out" else Outcome.FAILED
@@ -216,7 +219,8 @@ def _label(verdict: dict[str, Any] | None, host_kind: str, cand: dict[str, Any],
     outcome = Outcome.FAILED
     if kind == "candidate_gone":
         sig, code = cand.get("signal"), cand.get("exit")
-        if sig == signal.SIGXCPU or (sig == signal.SIGKILL and cand.get("ended_by") == "itself"):
+        out_of_cpu = float(cand.get("cpu_s") or 0.0) >= cpu_limit_s
+        if sig == signal.SIGXCPU or (sig == signal.SIGKILL and cand.get("ended_by") == "itself" and out_of_cpu):
             outcome, error = Outcome.TIMED_OUT, f"CPU limit (killed by {signal.Signals(sig).name})"
         elif sig is not None:
             error = f"the candidate was killed by {signal.Signals(sig).name}"

@@ -1,0 +1,90 @@
+"""Rewards as a library call, for real in the judge pool: binary and partial credit, outcomes, durations, and the
+per-batch count of samples that deserve a look."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+
+import pytest
+
+from codemill.evals.problems import ExecProblem
+from codemill.evals.rewards import score
+from codemill.evals.sandbox import Limits, SandboxUnavailable
+from codemill.evals.sandbox.judge_pool import JudgePool
+
+pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
+
+CASES = ["assert candidate(1, 2) == 3", "assert candidate(-1, 1) == 0", "assert candidate(0, 0) == 0",
+         "assert candidate(2, 2) == 4"]
+ADD = ExecProblem("add", "def add(a, b):\n", "add",
+                  "def check(candidate):\n" + "".join(f"    {c}\n" for c in CASES), test_cases=CASES,
+                  reference_solution="    return a + b\n", source="test", split_unit="arith")
+NEG = ExecProblem("neg", "def neg(x):\n", "neg", "def check(candidate):\n    assert candidate(3) == -3\n",
+                  reference_solution="    return -x\n", source="test", split_unit="arith")
+PROBLEMS = {p.problem_id: p for p in (ADD, NEG)}
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with JudgePool(Limits(wall_s=2.0, cpu_s=1, memory_bytes=256 << 20), workers=2) as p:
+        yield p
+
+
+def test_binary_and_partial_credit_per_sample(pool):
+    batch = score(PROBLEMS, [("add", "    return a + b\n"), ("add", "    return abs(a) + b\n"),
+                             ("add", "    return 0\n"), ("neg", "    return -x\n"), ("neg", "    return x\n")], pool)
+    got = [(r.problem_id, r.sample_idx, r.passed, r.partial, r.outcome) for r in batch.rewards]
+    assert got == [("add", 0, True, 1.0, "passed"), ("add", 1, False, 0.75, "failed"),
+                   ("add", 2, False, 0.5, "failed"), ("neg", 0, True, 1.0, "passed"),
+                   ("neg", 1, False, 0.0, "failed")]
+    assert [r.reward for r in batch.rewards] == [1.0, 0.0, 0.0, 1.0, 0.0]
+    assert batch.pass_rate == pytest.approx(0.4)
+    assert batch.suspicious == {}
+    assert all(0 < r.duration_s < 2.0 for r in batch.rewards)
+    assert "AssertionError" in batch.rewards[1].error
+
+
+def test_suspicious_samples_are_counted_by_kind(pool):
+    samples = [
+        ("neg", "    while True:\n        pass\n"),  # loops: the wall clock or the CPU limit ends it
+        ("neg", "    import os, signal\n    os.kill(os.getpid(), signal.SIGKILL)\n"),  # killed, not out of time
+        ("neg", "    import os\n    os._exit(0)\n"),  # exits (status 0) instead of answering
+        ("neg", "    return -x\nimport os\nos._exit(0)\n"),  # exits at load time
+        ("neg", "    return -x\n"),
+    ]
+    batch = score(PROBLEMS, samples, pool)
+    outcomes = [(r.outcome, r.suspicious) for r in batch.rewards]
+    assert outcomes == [("timed_out", "timed_out"), ("failed", "killed"), ("failed", "exited"),
+                        ("failed", "exited"), ("passed", None)]
+    assert batch.suspicious == {"exited": 2, "killed": 1, "timed_out": 1}
+    assert "SIGKILL" in batch.rewards[1].error and "status 0" in batch.rewards[2].error
+
+
+def test_out_of_memory_is_its_own_outcome(pool):
+    batch = score(PROBLEMS, [("neg", "    return bytearray(1 << 30)\n")], pool)
+    assert [(r.outcome, r.suspicious) for r in batch.rewards] == [("killed_memory", "killed")]
+
+
+def test_unknown_problem_ids_are_refused_before_anything_runs(pool):
+    with pytest.raises(ValueError, match="nope"):
+        score(PROBLEMS, [("neg", "    return -x\n"), ("nope", "")], pool)
+
+
+def test_a_sandbox_that_cannot_start_fails_closed():
+    pool = JudgePool(Limits(wall_s=1.0), workers=1)
+    pool.sandbox.python = "/nonexistent/python3"
+    with pytest.raises(SandboxUnavailable), pool:
+        pass
+    assert sys.executable  # the host interpreter is untouched
+
+
+def test_a_dead_server_is_replaced_and_the_batch_completes(pool):
+    """A candidate that kills its own fork server (its parent in the sandbox) still gets its own answer judged,
+    the server is replaced, and the samples after it are judged as usual."""
+    kill_server = "    import os, signal\n    os.kill(os.getppid(), signal.SIGKILL)\n    return {answer}\n"
+    before = pool.restarts
+    batch = score(PROBLEMS, [("neg", kill_server.format(answer="-x")), ("neg", "    return -x\n"),
+                             ("neg", kill_server.format(answer="x")), ("neg", "    return x\n")] * 2, pool)
+    assert [r.passed for r in batch.rewards] == [True, True, False, False] * 2
+    assert pool.restarts >= before + 4
