@@ -148,6 +148,50 @@ def plan(config: ConfigOpt = None, source: SourceOpt = None, preset: PresetOpt =
                       "(the champion is looked up when the run gets there)")
 
 
+@app.command()
+def problems(config: ConfigOpt = None, preset: PresetOpt = None, store: StoreOpt = None,
+             as_json: AsJson = False) -> None:
+    """Build the executable problem set (``problems`` in the config): read its sources, verify references in the
+    sandbox, deduplicate, decontaminate, split; print the counts per source and step."""
+    cfg = build_config(config, preset, None, store)
+    _prefect_defaults(cfg)
+    from codemill.flows.problems import problems as problems_flow
+
+    t0 = time.perf_counter()
+    with _progress():
+        out = problems_flow(config=cfg)
+    result = out["stages"]["problems"]
+    if as_json:
+        import json
+
+        typer.echo(json.dumps(result, indent=2))
+        return
+    print_problem_counts(result, time.perf_counter() - t0)
+
+
+PROBLEM_COUNT_COLUMNS = ("read", "malformed", "reference_failed", "unverified", "duplicate", "contaminated", "kept",
+                         "train", "val")
+
+
+def print_problem_counts(result: dict, wall_s: float) -> None:
+    summary = result["summary"]
+    status = {"cached": "skipped (cached)", "present": "skipped (in store)"}.get(result["status"], "ran")
+    table = Table(title=f"codemill problems: {status} in {wall_s:.1f}s")
+    sources = summary["by_source"]
+    table.add_column("count")
+    for name in sources:
+        table.add_column(name, justify="right", overflow="fold")
+    table.add_column("total", justify="right")
+    for col in PROBLEM_COUNT_COLUMNS:
+        table.add_row(col, *(str(c[col]) for c in sources.values()), str(summary["totals"][col]))
+    console.print(table)
+    for name, counts in summary["by_source"].items():
+        if counts.get("mining"):
+            console.print(f"{name} mining steps: " + ", ".join(f"{k} {v}" for k, v in counts["mining"].items()))
+    console.print(f"artifact: {result['ref']['uri']} (digest {result['ref']['digest'][:12]})")
+    console.print(f"MLflow run: {result['run_id']}")
+
+
 def _prefect_defaults(cfg: PipelineConfig) -> None:
     os.environ.setdefault("MLFLOW_TRACKING_URI", cfg.mlflow_tracking_uri)
     for key, value in PREFECT_DEFAULTS.items():

@@ -304,6 +304,45 @@ class GateConfig(StageConfig):
         description="Metrics the gate tests; those of suites not run are skipped.")
 
 
+ProblemSourceKind = Literal["jsonl", "parquet", "mined", "synthetic"]
+
+
+class ProblemSourceConfig(StageConfig):
+    """One source of executable problems: a HumanEval-format file or folder (JSONL, .jsonl.gz or Parquet; local,
+    glob or fsspec URL such as s3://bucket/problems.jsonl), doctests mined from the ingested corpus, or the
+    synthetic family shipped with codemill."""
+
+    kind: ProblemSourceKind = Field("synthetic", description="jsonl | parquet | mined | synthetic.")
+    path: str | None = Field(None, description="jsonl/parquet: a file, a folder, a glob or an fsspec URL with "
+                                               "fields task_id, prompt, entry_point, test, canonical_solution "
+                                               "(optional), split_unit (optional; default task_id).")
+    name: str | None = Field(None, description="Label of the source in the counts and the `source` column; "
+                                               "default: the file name, 'mined' or 'synthetic'.")
+    seed: int = Field(0, description="synthetic: seed of the generator.")
+    count: int = Field(64, ge=1, description="synthetic: how many problems to generate.")
+    storage_options: dict[str, Any] = runtime_only(
+        default_factory=dict, description="fsspec options for URLs (e.g. S3 endpoint_url, key, secret); "
+                                          "prefer environment credentials.")
+
+
+class ProblemsConfig(StageConfig):
+    """The executable problem set: read -> check -> verify references in the sandbox -> dedup -> decontaminate
+    -> split."""
+
+    sources: list[ProblemSourceConfig] = Field(default_factory=lambda: [ProblemSourceConfig()],
+                                               description="Problem sources.")
+    decontamination: DecontaminationConfig = Field(
+        default_factory=DecontaminationConfig, description="Drop problems whose prompt or reference holds this "
+                                                           "share of an eval text's n-grams (HumanEval by default).")
+    val_fraction: float = Field(0.2, ge=0.0, lt=1.0, description="Share of split units that go to val.")
+    split_salt: str = Field("codemill-split-v1", description="Salt of the split hash (the corpus's by default, so "
+                                                             "a repository lands where the corpus put it).")
+    wall_s: float = Field(10.0, gt=0, description="Wall-clock limit of one reference run in the sandbox.")
+    cpu_s: int = Field(10, gt=0, description="CPU-time limit of one reference run.")
+    memory_mb: int = Field(1024, gt=64, description="Address-space limit of one reference run.")
+    workers: int | None = runtime_only(default=None, description="Parallel sandboxes; empty = CPU count.")
+
+
 class PipelineConfig(StageConfig):
     """Everything one pipeline run needs. Loadable from YAML; the Prefect flow's only parameter."""
 
@@ -322,6 +361,8 @@ class PipelineConfig(StageConfig):
     train: TrainConfig = Field(default_factory=TrainConfig)
     evaluate: EvalConfig = Field(default_factory=EvalConfig)
     gate: GateConfig = Field(default_factory=GateConfig)
+    problems: ProblemsConfig = Field(default_factory=ProblemsConfig, description="The executable "
+                                     "problem set (`codemill problems`).")
 
 
 def preset_names() -> list[str]:

@@ -42,6 +42,11 @@ def source(i: int, key: str) -> str:
 SOURCE_KEYS = ("root", "repo", "kind", "fingerprint", "commit")
 
 
+def problem_source(i: int, key: str) -> str:
+    """Problems run: one field (name, kind, root, fingerprint) of its i-th file source."""
+    return f"codemill.problem_source.{i}.{key}"
+
+
 def stage_status(key: str) -> str:
     """Pipeline parent run: ran / present / cached, per step."""
     return f"codemill.{key}.status"

@@ -1,0 +1,65 @@
+"""The ``problems`` flow: the executable problem set (HumanEval-format files, doctests mined from the corpus, the
+synthetic family) as one content-addressed artifact, with one MLflow parent run per flow run.
+
+Planned first like the pipeline: when a source mines the corpus, the ingest step comes first (the pipeline's own
+plan, so its corpus is the one ``codemill run`` makes and is skipped when already in the store), then the
+problems step, whose inputs are the corpus ref and the file sources' fingerprints.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow, get_run_logger
+from prefect.runtime import flow_run
+
+from codemill import tags as T
+from codemill.config import PipelineConfig
+from codemill.flows.common import execute, flow_result, flow_run_url, open_flow_run
+from codemill.flows.hooks import record_failure_on_mlflow, run_name_from, tag_current_flow_run
+from codemill.flows.plan import Step, plan_pipeline
+from codemill.store import ArtifactStore
+from codemill.tasks.ingest import fingerprint_sources_task
+from codemill.tasks.problems import fingerprint_problem_sources_task, needs_corpus, plan_problems, problems_task
+
+
+def plan_problem_steps(config: PipelineConfig, ingest_sources: list[dict] | None, problem_sources: list[dict],
+                       store: ArtifactStore) -> list[Step]:
+    """[ingest (only when doctests are mined), problems]: planning touches nothing."""
+    steps: list[Step] = []
+    corpus = None
+    if needs_corpus(config.problems):
+        if ingest_sources is None:
+            raise ValueError("a mined problem source needs the ingest sources' fingerprints")
+        steps = plan_pipeline(config, ingest_sources, store, until="ingest")
+        corpus = store.ref_for(steps[0].plan)
+    plan = plan_problems(config.problems, problem_sources, corpus)
+    steps.append(Step("problems", "problems", plan, problems_task,
+                      {"cfg": config.problems, "sources": problem_sources}))
+    return steps
+
+
+def _run_name() -> str:
+    return run_name_from(flow_run.flow_name or "problems", flow_run.parameters)
+
+
+@flow(name="problems", flow_run_name=_run_name, persist_result=True, log_prints=True,
+      on_failure=[record_failure_on_mlflow], on_crashed=[record_failure_on_mlflow])
+def problems(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:  # noqa: B008
+    """Executable problems (prompt, entry point, tests, reference) from ``config.problems.sources``: references
+    verified in the sandbox, deduplicated, decontaminated against HumanEval, split train/val by split unit."""
+    logger = get_run_logger()
+    tag_current_flow_run("problems")
+    store, ctx, lineage, parent = open_flow_run(config, flow_run.name or "problems", flow_run.id, flow_run_url())
+    try:
+        ingest_sources = fingerprint_sources_task(config.ingest) if needs_corpus(config.problems) else None
+        steps = plan_problem_steps(config, ingest_sources, fingerprint_problem_sources_task(config.problems), store)
+        stages = execute(steps, ctx, store)
+    except BaseException:
+        lineage.end_run(parent, failed=True)
+        raise
+    lineage.tag(parent, {**{T.stage_status(k): v.status for k, v in stages.items()},
+                         **{T.stage_digest(k): v.ref.digest for k, v in stages.items()}})
+    for name, st in stages.items():
+        logger.info("%-9s %-8s %s", name, st.status, st.ref.uri)
+    return flow_result(lineage, parent, config, stages, None, None)
