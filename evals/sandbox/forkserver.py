@@ -87,20 +87,80 @@ def _reap():
 
 
 def _wipe(path):
+    """Empty ``path`` without following links, one level at a time relative to the working directory: a tree
+    deeper than the recursion limit, or one whose paths exceed PATH_MAX, goes as well as a flat one."""
     try:
-        entries = list(os.scandir(path))
+        home = os.open(".", os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        home = None
+    try:
+        os.chdir(path)
+    except OSError:
+        if home is not None:
+            os.close(home)
+        return
+    entered, stuck = [], [set()]  # the folders entered below path; per level, those that would not go
+    try:
+        while True:
+            sub = None
+            with os.scandir(".") as it:
+                entries = list(it)
+            for entry in entries:
+                try:
+                    if not entry.is_dir(follow_symlinks=False):
+                        os.unlink(entry.name)
+                    elif sub is None and entry.name not in stuck[-1]:
+                        sub = entry.name
+                except OSError:
+                    pass
+            if sub is not None:  # a real folder (no link) and nothing of the sample runs any more: enter it
+                try:
+                    os.chmod(sub, 0o700)
+                    os.chdir(sub)
+                    entered.append(sub)
+                    stuck.append(set())
+                except OSError:
+                    stuck[-1].add(sub)
+                continue
+            if not entered:
+                return
+            os.chdir("..")
+            name = entered.pop()
+            stuck.pop()
+            try:
+                os.rmdir(name)
+            except OSError:
+                stuck[-1].add(name)
     except OSError:
         return
-    for entry in entries:
-        try:
-            if entry.is_dir(follow_symlinks=False):
-                os.chmod(entry.path, 0o700)
-                _wipe(entry.path)
-                os.rmdir(entry.path)
-            else:
-                os.unlink(entry.path)
-        except OSError:
-            pass
+    finally:
+        if home is not None:
+            os.fchdir(home)
+            os.close(home)
+
+
+def _is_empty(path):
+    try:
+        return not os.listdir(path)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+
+
+# The kernel keeps a user keyring and a user-session keyring per uid, outside every namespace of the sandbox: a
+# key one sample adds (add_key(2)) would be there for the next sample, even in a fresh sandbox of the same uid.
+KEYCTL_CLEAR = 7
+KEY_SPEC_USER_KEYRINGS = (-4, -5)
+KEYCTL_SYSCALL = {"x86_64": 250, "aarch64": 219, "riscv64": 219}
+
+
+def _clear_keyrings(libc):
+    number = KEYCTL_SYSCALL.get(os.uname().machine)
+    if number is None:
+        return
+    for ring in KEY_SPEC_USER_KEYRINGS:
+        libc.syscall(ctypes.c_long(number), ctypes.c_long(KEYCTL_CLEAR), ctypes.c_long(ring))
 
 
 def _remove_sysv_ipc(libc):
@@ -125,11 +185,15 @@ def _remove_sysv_ipc(libc):
 
 
 def _cleanup(libc, isolated, writable):
+    """Remove what a sample could leave for the next; False when something is left (the server then exits, and
+    the host starts a fresh sandbox)."""
     _sweep_processes(isolated)
     for path in writable:
         _wipe(path)
     if isolated:
         _remove_sysv_ipc(libc)
+        _clear_keyrings(libc)
+    return all(_is_empty(path) for path in writable)
 
 
 def _run_sample(ctrl, msg, fds, run_child, libc, isolated, writable):
@@ -160,7 +224,8 @@ def _run_sample(ctrl, msg, fds, run_child, libc, isolated, writable):
         end = recv_frame(ctrl)  # the host's end of this sample (exactly one per sample keeps the frames in step)
     finally:
         os.close(pidfd)
-    _cleanup(libc, isolated, writable)
+    if not _cleanup(libc, isolated, writable):
+        os._exit(75)  # never hand a dirty sandbox to the next sample: the host sees the server gone and restarts it
     info = {"ended_by": ended_by, "exit": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
             "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
             "cpu_s": round(usage.ru_utime + usage.ru_stime, 4), "wall_s": round(wall, 4),
@@ -172,6 +237,8 @@ def serve(ctrl_fd, role, run_child, isolated, writable, prepare=None):
     """Answer samples until the host closes the control socket or says quit."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    if isolated:
+        _clear_keyrings(libc)  # what an earlier server of this uid left, if it died before its cleanup
     if prepare is not None:
         prepare()
     ctrl = socket.socket(fileno=ctrl_fd)

@@ -46,6 +46,14 @@ def role_uid(role: str, slot: int) -> int:
     return SANDBOX_UID_BASE + slot + (JUDGE_UID_OFFSET if role == "judge" else 0)
 
 
+def with_mqueue(argv: list[str]) -> list[str]:
+    """bwrap's argv plus a private mqueue mount at /dev/mqueue. POSIX message queues live in the sandbox's IPC
+    namespace, which outlives a sample; only through this mount can the server list and remove (``_wipe``) the
+    queues a sample created, which the next sample could otherwise open by name."""
+    end = argv.index("--")  # the end of bwrap's own options
+    return [*argv[:end], "--mqueue", "/dev/mqueue", *argv[end:]]
+
+
 class ServerDied(RuntimeError):
     """A server stopped answering; the pool restarts it."""
 
@@ -70,6 +78,7 @@ class Server:
         isolated = not sandbox.unsafe
         if isolated:
             argv, cwd, env, writable = sandbox.command(slot, uid=role_uid(role, slot)), None, {}, SANDBOX_WRITABLE
+            argv = with_mqueue(argv)
         else:
             workdir = tempfile.mkdtemp(prefix=f"codemill-{role}-")
             argv, cwd, env, writable = sandbox.command(slot), workdir, {"PATH": "/usr/bin:/bin"}, (workdir,)
