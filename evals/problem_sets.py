@@ -201,10 +201,8 @@ def read_source(src: ProblemSourceConfig, label: str, corpus: Callable[[], Itera
         return [replace(p, source=label) for p in synthetic_problems(src.seed, src.count)], {}
     if corpus is None:
         raise ValueError("a mined problem source needs the corpus (the plan's 'corpus' input)")
-    import importlib
+    from codemill.evals.mining import mine_doctest_problems
 
-    # evals/mining.py is written alongside this module; imported by name so either can land first
-    mine_doctest_problems = importlib.import_module("codemill.evals.mining").mine_doctest_problems
     mined, counts = mine_doctest_problems(corpus())
     return [replace(p, source=label) for p in mined], {str(k): int(v) for k, v in counts.items()}
 

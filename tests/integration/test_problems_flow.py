@@ -90,3 +90,55 @@ def test_a_malformed_line_fails_the_flow_and_leaves_no_artifact(tmp_path):
     with pytest.raises(ProblemFileError, match=rf"{path}:2: not valid JSON"):
         problems(config=cfg)
     assert not [p for p in (tmp_path / "store" / "problems").iterdir() if not p.name.startswith(".")]
+
+
+MODULE = '''"""Small helpers."""
+
+
+def clamp(x, lo, hi):
+    """Clamp x into [lo, hi].
+
+    >>> clamp(5, 0, 3)
+    3
+    >>> clamp(-1, 0, 3)
+    0
+    """
+    return max(lo, min(x, hi))
+
+
+def wrong_square(x):
+    """The square of x, documented wrongly.
+
+    >>> wrong_square(3)
+    10
+    """
+    return x * x
+'''
+
+
+def test_doctests_are_mined_from_the_ingested_corpus(tmp_path):
+    from codemill.config import SourceConfig
+    from codemill.flows.problems import problems
+
+    corpus = tmp_path / "src" / "helpers"
+    corpus.mkdir(parents=True)
+    (corpus / "numeric.py").write_text(MODULE)
+    cfg = small_pipeline_config(corpus, tmp_path)
+    cfg.ingest.sources = [SourceConfig(path=str(corpus), repo="org/helpers")]
+    cfg.problems.sources = [ProblemSourceConfig(kind="mined")]
+    cfg.problems.workers = 2
+    out = problems(config=cfg)
+    assert list(out["stages"]) == ["ingest", "problems"]
+    corpus_ref = out["stages"]["ingest"]["ref"]
+    result = out["stages"]["problems"]
+    counts = result["summary"]["by_source"]["mined"]
+    assert (counts["read"], counts["reference_failed"], counts["kept"]) == (2, 1, 1)
+    assert counts["mining"]["files"] == 1 and counts["mining"]["kept"] == 2
+    store = ArtifactStore(cfg.store_root)
+    manifest = store.read_manifest(ArtifactRef.model_validate(result["ref"]))
+    assert manifest.inputs == {"corpus": corpus_ref["digest"]}
+    (kept,) = pl.read_parquet(store.local_path(ArtifactRef.model_validate(result["ref"])) / "problems.parquet"
+                              ).to_dicts()
+    assert kept["entry_point"] == "clamp" and kept["split_unit"] == "org/helpers" and kept["verified"]
+    run = MlflowClient(cfg.mlflow_tracking_uri).get_run(result["run_id"])
+    assert {d.dataset.name for d in run.inputs.dataset_inputs} == {"corpus", "problems"}
