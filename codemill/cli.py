@@ -154,12 +154,22 @@ def problems(config: ConfigOpt = None, preset: PresetOpt = None, store: StoreOpt
     """Build the executable problem set (``problems`` in the config): read its sources, verify references in the
     sandbox, deduplicate, decontaminate, split; print the counts per source and step."""
     cfg = build_config(config, preset, None, store)
+    from codemill.data.sources import SourceError
+    from codemill.evals.problem_sets import ProblemFileError, fingerprint_problem_sources
+
+    try:  # a missing file or bucket is one line, before anything starts
+        fingerprint_problem_sources(cfg.problems)
+    except (SourceError, ProblemFileError) as e:
+        _fail([str(e)])
     _prefect_defaults(cfg)
     from codemill.flows.problems import problems as problems_flow
 
     t0 = time.perf_counter()
-    with _progress():
-        out = problems_flow(config=cfg)
+    try:
+        with _progress():
+            out = problems_flow(config=cfg)
+    except (SourceError, ProblemFileError) as e:  # a malformed line or file: named, and nothing committed
+        _fail([str(e)])
     result = out["stages"]["problems"]
     if as_json:
         import json
