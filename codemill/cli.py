@@ -262,23 +262,13 @@ def _suites(names: list[str]) -> list[SuiteName]:
 
 
 def print_summary(out: dict, wall_s: float) -> None:
-    table = Table(title=f"codemill finished in {wall_s:.1f}s")
-    for col in ("stage", "status", "artifact"):
-        table.add_column(col)
-    for name, st in out["stages"].items():
-        status = st["status"]
-        shown = "skipped (cached)" if status == "cached" else ("skipped (in store)" if status == "present"
-                                                                else "ran")
-        table.add_row(name, shown, st["ref"]["uri"])
-    console.print(table)
-    s = out["scores"]
-    for key in sorted(k for k in s if "_ci_" not in k):
-        ci = (f" (95% CI {s[key + '_ci_low']:.4f} - {s[key + '_ci_high']:.4f})" if f"{key}_ci_low" in s else "")
-        console.print(f"{key}: [bold]{s[key]:.4f}[/]{ci}")
-    if out.get("gate"):
-        g = out["gate"]
-        console.print(f"gate: [bold]{g['verdict']}[/] ({g['reason']}); {g['registered_model']}@{g['alias']} = "
-                      f"version {g['champion_version']}")
+    """What a run did, readable in an 80-column log: stages with their cost, scores, the gate per metric."""
+    from rich.text import Text
+
+    from codemill.report import summary_lines
+
+    for line in summary_lines(out, wall_s):
+        console.print(Text(line))
     console.print(f"MLflow run:  {out['parent_run_id']} (experiment {out['experiment_id']}, {out['tracking_uri']})")
     console.print(f"Model id:    {out['model_id']}  (models:/{out['model_id']})")
     console.print(f"Prefect flow run: {out['flow_run_id']}")

@@ -290,6 +290,10 @@ class GateMetricConfig(StageConfig):
     name: str = Field(description="Eval metric: val_bpb, completion_exact_match, completion_edit_similarity, "
                                   "humaneval_pass_at_1.")
     margin: float = Field(0.0, ge=0, description="Tolerated loss before a difference counts as a regression.")
+    uncalibrated_margin: float | None = Field(
+        None, ge=0, description="With no seed-noise calibration of the champion's config (codemill calibrate), "
+        "a difference smaller than this is a hold; empty = the documented default of the metric "
+        "(codemill.evals.noise.UNCALIBRATED_MARGINS).")
 
 
 class GateConfig(StageConfig):

@@ -13,7 +13,9 @@ mlflow's fluent state after log_model is known to be stale (mlflow#21839).
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
+import os
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -32,6 +34,7 @@ if TYPE_CHECKING:
     from codemill.plan import StagePlan
 
 MAX_TAG = 5000
+SYSTEM_METRICS_INTERVAL_S = 5
 MLFLOW_DIGEST_CHARS = 32  # MLflow caps dataset digests at 36 chars; 32 hex = 128 bits of the sha256
 
 
@@ -57,14 +60,147 @@ def check_tracking_server(tracking_uri: str, timeout: float = 10) -> None:
         raise TrackingServerUnavailable(f"MLflow tracking server {tracking_uri} is unreachable: {e}") from e
 
 
+# --- authentication --------------------------------------------------------------------------------------
+# A server run with MLflow's basic-auth app (deployments/mlflow/) answers 401 to a client without valid
+# credentials and 403 to an identity without the permission. Clients authenticate with MLflow's standard
+# MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD; codemill never puts them in a config (configs are logged).
+PIPELINE_USER, READER_USER = "pipeline", "reader"
+IDENTITY_GRANTS = {PIPELINE_USER: "EDIT", READER_USER: "READ"}  # on every experiment and registered model
+
+
+class TrackingAccessDenied(PermissionError):
+    """The tracking server refused the credentials (HTTP 401) or this identity's right to an operation (403)."""
+
+    def __init__(self, message: str, status: int, operation: str, user: str | None) -> None:
+        super().__init__(message)
+        self.status, self.operation, self.user = status, operation, user
+
+
+def tracking_user() -> str | None:
+    return os.environ.get("MLFLOW_TRACKING_USERNAME") or None
+
+
+def http_status(exc: BaseException) -> int | None:
+    """The HTTP status behind an MLflow client error (REST calls) or a requests error (artifact uploads)."""
+    from mlflow.exceptions import MlflowException
+
+    if isinstance(exc, MlflowException):
+        return exc.get_http_status_code()
+    response = getattr(exc, "response", None)
+    return getattr(response, "status_code", None)
+
+
+def access_error(tracking_uri: str, exc: BaseException, operation: str) -> TrackingAccessDenied | None:
+    """A 401/403 from the server as an error naming the server, the user and the operation; None otherwise."""
+    status, user = http_status(exc), tracking_user()
+    if status == 401:
+        who = (f"the credentials of user {user!r} (MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD)" if user
+               else "an anonymous client (set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD)")
+        return TrackingAccessDenied(f"MLflow tracking server {tracking_uri} refused {who}: HTTP 401 "
+                                    f"not authenticated ({operation})", 401, operation, user)
+    if status == 403:
+        return TrackingAccessDenied(f"MLflow tracking server {tracking_uri} denied user {user!r} permission to "
+                                    f"{operation}: HTTP 403 permission denied", 403, operation, user)
+    return None
+
+
+class _GuardedClient:
+    """An MlflowClient whose 401/403 failures raise TrackingAccessDenied (never swallowed as 'not found')."""
+
+    def __init__(self, client: MlflowClient, tracking_uri: str) -> None:
+        self._client, self._uri = client, tracking_uri
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._client, name)
+        if not callable(attr):
+            return attr
+
+        @functools.wraps(attr)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return attr(*args, **kwargs)
+            except Exception as e:
+                denied = access_error(self._uri, e, name)
+                if denied is None:
+                    raise
+                raise denied from e
+        return call
+
+
+def guarded_client(tracking_uri: str) -> MlflowClient:
+    """The client every codemill MLflow call goes through (lineage writes and the lineage reader)."""
+    from typing import cast
+
+    return cast(MlflowClient, _GuardedClient(MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri),
+                                             tracking_uri))
+
+
+def check_credentials(tracking_uri: str) -> None:
+    """Preflight, before any stage runs: one authenticated read, so a wrong or missing password fails the flow
+    at start with TrackingAccessDenied naming the server (a server without auth simply answers)."""
+    if tracking_uri.startswith(("http://", "https://")):
+        guarded_client(tracking_uri).search_experiments(max_results=1)
+
+
+def provision_identities(tracking_uri: str, passwords: dict[str, str], experiments: list[str],
+                         registered_models: list[str]) -> list[str]:
+    """Create or update codemill's identities on a basic-auth server; run with an admin's MLFLOW_TRACKING_*.
+
+    ``passwords``: username -> password for ``pipeline`` (EDIT on every experiment and registered model: runs,
+    LoggedModels, versions, the alias) and ``reader`` (READ on all of them). Existing users get the password
+    given (this is how passwords rotate) and lose admin rights. The experiments and registered models named are
+    created by the admin first, so no other identity can create them and own them. Returns what was done."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS, ErrorCode
+    from mlflow.server import get_app_client
+
+    check_tracking_server(tracking_uri)
+    auth = get_app_client("basic-auth", tracking_uri=tracking_uri)
+    client = guarded_client(tracking_uri)
+    done: list[str] = []
+    for user, password in passwords.items():
+        level = IDENTITY_GRANTS[user]
+        try:
+            existing = auth.get_user(user)
+        except MlflowException:
+            existing = None
+        if existing is None:
+            auth.create_user(user, password)
+            done.append(f"created user {user}")
+        else:
+            auth.update_user_password(user, password)
+            if existing.is_admin:
+                auth.update_user_admin(user, False)
+            done.append(f"set the password of {user}")
+        for resource_type in ("experiment", "registered_model"):
+            try:
+                auth.grant_user_permission(user, resource_type, "*", level)
+            except MlflowException as e:
+                if e.error_code != ErrorCode.Name(RESOURCE_ALREADY_EXISTS):
+                    raise
+                auth.revoke_user_permission(user, resource_type, "*")  # the level given here is the one that holds
+                auth.grant_user_permission(user, resource_type, "*", level)
+            done.append(f"{user}: {level} on every {resource_type}")
+    for name in experiments:
+        if client.get_experiment_by_name(name) is None:
+            client.create_experiment(name)
+            done.append(f"created experiment {name}")
+    for name in registered_models:
+        with contextlib.suppress(MlflowException):  # exists already
+            client.create_registered_model(name)
+            done.append(f"created registered model {name}")
+    return done
+
+
 class Lineage:
     def __init__(self, tracking_uri: str, experiment_name: str) -> None:
         self.tracking_uri = tracking_uri
         check_tracking_server(tracking_uri)
+        check_credentials(tracking_uri)
         # MLflow's SQL registry store looks LoggedModels up through a default MlflowClient(), i.e. the global
         # tracking URI, so the process-wide URI must agree with the one this client writes to.
         mlflow.set_tracking_uri(tracking_uri)
-        self.client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+        self.client = guarded_client(tracking_uri)
         exp = self.client.get_experiment_by_name(experiment_name)
         self.experiment_id = exp.experiment_id if exp else self._create_experiment(experiment_name)
 
@@ -94,17 +230,37 @@ class Lineage:
         self.client.set_terminated(run_id, status=status)
 
     @contextmanager
-    def stage_run(self, parent_run_id: str | None, stage: str, digest: str) -> Iterator[str]:
+    def stage_run(self, parent_run_id: str | None, stage: str, digest: str,
+                  system_metrics: bool = False) -> Iterator[str]:
+        """A stage's child run; ``system_metrics``: MLflow samples CPU, memory (and GPU with pynvml) on it."""
         tags = {T.STAGE: stage, T.OUTPUT_DIGEST: digest, MLFLOW_RUN_NAME: stage}
         if parent_run_id:
             tags[MLFLOW_PARENT_RUN_ID] = parent_run_id
         run_id = self.client.create_run(self.experiment_id, tags=tags, run_name=stage).info.run_id
+        monitor = self._system_metrics(run_id) if system_metrics else None
         try:
             yield run_id
         except BaseException:
+            self._stop(monitor)
             self.end_run(run_id, failed=True)
             raise
+        self._stop(monitor)
         self.end_run(run_id)
+
+    def _system_metrics(self, run_id: str) -> Any:
+        """MLflow's system-metrics sampler on this run (``system/cpu_utilization_percentage``, memory, GPU);
+        every SYSTEM_METRICS_INTERVAL_S seconds unless MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL says otherwise."""
+        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+        monitor = SystemMetricsMonitor(run_id, sampling_interval=SYSTEM_METRICS_INTERVAL_S,
+                                       tracking_uri=self.tracking_uri)
+        monitor.start()
+        return monitor
+
+    @staticmethod
+    def _stop(monitor: Any) -> None:
+        if monitor is not None:
+            monitor.finish()
 
     def tag(self, run_id: str, tags: dict[str, Any]) -> None:
         for k, v in tags.items():

@@ -6,13 +6,16 @@ Plain functions (no Prefect, no MLflow) so the flows publish the same content to
 from __future__ import annotations
 
 import io
+import textwrap
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 
 def eval_report_markdown(title: str, scores: Mapping[str, float], gate: Mapping[str, Any] | None,
-                         links: Mapping[str, str]) -> str:
-    """Scores with their 95% CIs, the gate verdict, and where to look next."""
+                         links: Mapping[str, str],
+                         costs: Mapping[str, tuple[str, Mapping[str, float]]] | None = None) -> str:
+    """Scores with their 95% CIs, the gate verdict with both noise components and the MDE per metric, where
+    to look next, and (last) one cost line per stage: ``costs`` = stage -> (status, cost)."""
     lines = [f"# {title}", "", "| metric | value | 95% CI |", "|---|---|---|"]
     for key in sorted(k for k in scores if "_ci_" not in k):
         low, high = scores.get(f"{key}_ci_low"), scores.get(f"{key}_ci_high")
@@ -22,10 +25,100 @@ def eval_report_markdown(title: str, scores: Mapping[str, float], gate: Mapping[
     if gate:
         lines += [f"**Gate verdict: {gate['verdict']}** ({gate.get('reason', '')}); "
                   f"{gate.get('registered_model')}@{gate.get('alias')} = version {gate.get('champion_version')}", ""]
+        lines += gate_noise_table(gate)
     else:
         lines += ["Gate: not run.", ""]
     lines += [f"- {name}: {url}" for name, url in links.items()]
+    if costs:
+        from codemill.cost import cost_line, total
+
+        ran = {k: c for k, (status, c) in costs.items() if status == "ran"}
+        spent = total(ran)
+        lines += ["", "## Cost per stage", "", "```"]
+        lines += [cost_line(stage, status, cost) for stage, (status, cost) in costs.items()]
+        lines += [f"{'total':<18} {'':<8} wall {spent['wall_s']:7.1f} s  CPU {spent['cpu_s']:7.1f} s  "
+                  f"GPU {spent['gpu_s']:6.1f} s", "```"]
     return "\n".join(lines)
+
+
+def gate_noise_table(gate: Mapping[str, Any]) -> list[str]:
+    """The gate's evidence per metric: the difference, the item-level SE, the seed SD (or "uncalibrated"), the
+    total SE the tests used, both p-values and the minimum detectable effect at 80% power."""
+    metrics = gate.get("metrics") or []
+    if not metrics:
+        return []
+    lines = ["| metric | diff (+ = better) | SE item | seed SD (n) | SE total | p worse | p better "
+             "| MDE better | MDE worse |", "|---|---|---|---|---|---|---|---|---|"]
+    for m in metrics:
+        seed = f"{m['seed_sd']:.4f} ({m['n_seeds']})" if m.get("calibrated") else "uncalibrated"
+        lines.append(f"| {m['metric']} | {m['diff']:+.4f} | {m.get('se_item', m['se']):.4f} | {seed} | {m['se']:.4f} "
+                     f"| {m['p_regression_holm']:.3g} | {m['p_improvement_holm']:.3g} | {m.get('mde', 0.0):.4f} "
+                     f"| {m.get('mde_worse', 0.0):.4f} |")
+    if not gate.get("calibrated"):
+        lines.append("\n**uncalibrated**: no seed-noise calibration of the champion's config (`codemill "
+                     "calibrate`); differences below the hold margin count as none.")
+    lines.append("\nSE total = sqrt(SE item^2 + 2 x seed SD^2); MDE: the smallest true difference detected with "
+                 "80% power (one-sided, alpha / number of metrics).")
+    return [*lines, ""]
+
+
+LOG_WIDTH = 80
+
+
+def metric_lines(m: Mapping[str, Any], a: str = "candidate", b: str = "champion") -> list[str]:
+    """One gate metric as four lines under 80 columns (for logs and terminals; --json has everything)."""
+    seed = (f"seed SD {m['seed_sd']:.4f} ({m['n_seeds']} seeds)" if m.get("calibrated")
+            else f"uncalibrated (hold below {m.get('hold_margin', 0.0):g})")
+    df = f"   df {m['df']:.1f}" if m.get("df") else ""
+    return [f"{m['metric']} (+ = {a} better)",
+            f"  {a} {m['candidate']:.4f}   {b} {m['champion']:.4f}   diff {m['diff']:+.4f}   "
+            f"95% CI [{m['ci_low']:+.4f}, {m['ci_high']:+.4f}]",
+            f"  SE item {m.get('se_item', m['se']):.4f}   {seed}   SE total {m['se']:.4f}{df}",
+            f"  p worse {m['p_regression']:.3g} (Holm {m['p_regression_holm']:.3g})   p better "
+            f"{m['p_improvement']:.3g} (Holm {m['p_improvement_holm']:.3g})",
+            f"  MDE (80% power) better {m.get('mde', 0.0):.4f}, worse {m.get('mde_worse', 0.0):.4f}   "
+            f"items {m['n_items']}, clusters {m['n_clusters']}"]
+
+
+def comparison_text(result: Mapping[str, Any]) -> str:
+    """``codemill compare`` for an 80-column log: the two models, the verdict, then each metric."""
+    lines = [f"a (candidate): {result['model_a']}", f"b (reference): {result['model_b']}",
+             "paired on the same eval items", "",
+             f"verdict: {result['verdict']} (alpha {result['alpha']}, Holm-corrected)",
+             *textwrap.wrap(f"reason: {result['reason']}", LOG_WIDTH, subsequent_indent="  "), ""]
+    if result.get("calibration"):
+        lines += textwrap.wrap(f"noise: calibrated ({result['calibration']})", LOG_WIDTH, subsequent_indent="  ")
+    else:
+        lines.append("noise: uncalibrated (item-level SE only; no codemill calibrate for b's config)")
+    for m in result["metrics"]:
+        lines += ["", *metric_lines(m, "a", "b")]
+    return "\n".join(lines)
+
+
+def summary_lines(out: Mapping[str, Any], wall_s: float) -> list[str]:
+    """The run summary for an 80-column log: one line per stage (status, cost, artifact), the scores, the
+    gate with each metric's noise, where to look."""
+    lines = [f"codemill finished in {wall_s:.1f}s", "",
+             f"{'stage':<16}{'status':<10}{'wall s':>8}{'CPU s':>8}{'GPU s':>7}  artifact"]
+    for name, st in out["stages"].items():
+        status = {"cached": "cached", "present": "in store"}.get(st["status"], "ran")
+        cost = (st.get("cost") or {}) if status == "ran" else {}
+        nums = "".join(f"{cost[k]:>{w}.1f}" if k in cost else f"{'-':>{w}}"
+                       for k, w in (("wall_s", 8), ("cpu_s", 8), ("gpu_s", 7)))
+        ref = st["ref"]
+        lines.append(f"{name[:15]:<16}{status:<10}{nums}  {ref['stage']}/{ref['name']}-{ref['digest'][:12]}")
+    s = out["scores"]
+    lines.append("")
+    for key in sorted(k for k in s if "_ci_" not in k):
+        ci = f" (95% CI {s[key + '_ci_low']:.4f} - {s[key + '_ci_high']:.4f})" if f"{key}_ci_low" in s else ""
+        lines.append(f"{key}: {s[key]:.4f}{ci}")
+    g = out.get("gate")
+    if g:
+        lines += ["", *textwrap.wrap(f"gate: {g['verdict']} ({g['reason']}); {g['registered_model']}@{g['alias']} = "
+                                     f"version {g['champion_version']}", LOG_WIDTH, subsequent_indent="  ")]
+        for m in g.get("metrics") or []:
+            lines += metric_lines(m)
+    return lines
 
 
 def ingest_table(stats: Mapping[str, Any]) -> list[dict[str, Any]]:

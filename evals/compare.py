@@ -2,7 +2,8 @@
 
 Evaluations pair when they scored one suite on the same data with the same hashed config (the manifest's
 ``config`` is exactly what the eval digest hashed, so two runs that differed only in which other suites ran
-beside them still pair)."""
+beside them still pair). The seed noise is b's config's calibration (``codemill calibrate``) when the store has
+one; otherwise the comparison is uncalibrated, as in the gate."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import polars as pl
 
 from codemill import tags as T
 from codemill.evals import suites
+from codemill.evals.calibration import calibration_for_model, noise_of
 from codemill.evals.gate import GateMetric, ItemScores, gate
 from codemill.lineage_read import LineageError, LineageReader
 from codemill.lineage_view import manifest_of
@@ -61,22 +63,19 @@ def compare_models(reader: LineageReader, store: ArtifactStore, model_a: str, mo
     if not common:
         raise LineageError(f"{model_a} and {model_b} have no evaluation of one suite on the same data and config "
                            f"(suites evaluated: a {sorted(ea)}, b {sorted(eb)})")
-    verdict = gate(scores_a, scores_b, [GateMetric(name) for name in common], alpha)
+    found = calibration_for_model(store, reader.model(model_b).tags.get(T.DIGEST))
+    noise = noise_of(found[1]) if found else None
+    verdict = gate(scores_a, scores_b, [GateMetric(name) for name in common], alpha, noise,
+                   found[0].uri if found else None)
     return {"model_a": model_a, "model_b": model_b, "alpha": alpha, "verdict": verdict.verdict,
-            "reason": verdict.reason, "evaluations": used, "metrics": verdict.as_dict()["metrics"]}
+            "reason": verdict.reason, "calibrated": verdict.calibrated, "calibration": verdict.calibration,
+            "evaluations": used, "metrics": verdict.as_dict()["metrics"]}
 
 
 def render_comparison(result: dict[str, Any]):
-    from rich.table import Table
+    """Plain lines under 80 columns (a table of ten columns collapses to "comp…" in a log)."""
+    from rich.text import Text
 
-    table = Table(title=f"{result['model_a']} (a) vs {result['model_b']} (b), paired on the same items")
-    for col in ("metric", "a", "b", "diff (+ = a better)", "95% CI", "SE", "p a worse", "p a better", "n items",
-                "clusters"):
-        table.add_column(col)
-    for e in result["metrics"]:
-        table.add_row(e["metric"], f"{e['candidate']:.4f}", f"{e['champion']:.4f}", f"{e['diff']:+.4f}",
-                      f"[{e['ci_low']:+.4f}, {e['ci_high']:+.4f}]", f"{e['se']:.4f}", f"{e['p_regression']:.3g}",
-                      f"{e['p_improvement']:.3g}", str(e["n_items"]), str(e["n_clusters"]))
-    table.caption = (f"{result['verdict']}: {result['reason']} "
-                     f"(alpha {result['alpha']}; the verdict uses Holm-corrected p)")
-    return table
+    from codemill.report import comparison_text
+
+    return Text(comparison_text(result))

@@ -1,20 +1,25 @@
 """The regression gate: is a candidate model worse than the champion on the same items?
 
-For each metric, with per-item paired differences d (oriented so positive = candidate better) and a
-cluster-robust SE:
+For each metric, with per-item paired differences d (oriented so positive = candidate better), a
+cluster-robust item-level SE and, when the champion's config was calibrated (``codemill calibrate``), twice its
+between-seed variance (``evals.noise``: SE^2 = SE_item^2 + 2 s2, Student t with Satterthwaite df):
 - regression test, H0: D >= -margin vs H1: D < -margin (candidate worse by more than the margin);
 - improvement test, H0: D <= 0 vs H1: D > 0.
 Holm's correction runs across metrics within each family. Verdict: ``regression`` if any metric's corrected
-regression p < alpha; else ``promote`` if any corrected improvement p < alpha; else ``hold``.
+regression p < alpha; else ``promote`` if any corrected improvement p < alpha; else ``hold``. Uncalibrated, the
+seed noise is unknown: a metric whose |diff| is below its default hold margin (``evals.noise``) counts as
+neither worse nor better, and the reason says "uncalibrated".
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from codemill.evals.stats import PairedDifference, holm, mcnemar_exact, normal_sf, paired_difference
+from codemill.evals.noise import SeedNoise, detectable, noise_model, one_sided_pvalues, t_quantile
+from codemill.evals.stats import PairedDifference, holm, mcnemar_exact, paired_difference
 
 
 @dataclass(frozen=True)
@@ -33,11 +38,14 @@ class ItemScores:
 class GateMetric:
     name: str
     margin: float = 0.0
+    uncalibrated_margin: float | None = None  # None: evals.noise's documented default for the metric
 
 
 @dataclass
 class MetricEvidence(PairedDifference):
-    """The paired difference of one metric plus the two tests' p-values (flat, so it reads well as JSON)."""
+    """The paired difference of one metric plus the two tests' p-values (flat, so it reads well as JSON).
+
+    ``se`` (and the CI) is the total SE the tests use: ``sqrt(se_item^2 + 2 seed_sd^2)``."""
 
     metric: str
     candidate: float
@@ -48,6 +56,14 @@ class MetricEvidence(PairedDifference):
     p_regression_holm: float = 1.0
     p_improvement_holm: float = 1.0
     mcnemar: dict | None = None
+    se_item: float = 0.0
+    seed_sd: float = 0.0
+    n_seeds: int = 0
+    df: float | None = None  # Student t degrees of freedom of the tests; None = normal (no seed noise)
+    calibrated: bool = False
+    hold_margin: float = 0.0
+    mde: float = 0.0  # smallest true improvement promoted with 80% power
+    mde_worse: float = 0.0  # smallest true decline flagged as a regression with 80% power
 
 
 @dataclass
@@ -56,6 +72,8 @@ class GateVerdict:
     alpha: float
     reason: str
     metrics: list[MetricEvidence] = field(default_factory=list)
+    calibrated: bool = False
+    calibration: str | None = None  # where the seed noise came from (the calibration artifact)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -68,20 +86,24 @@ def _align(a: ItemScores, b: ItemScores) -> tuple[np.ndarray, np.ndarray]:
     return ia, ib
 
 
-def _one_sided(diff: float, se: float, margin: float) -> tuple[float, float]:
-    if se == 0.0:
-        return (0.0 if diff < -margin else 1.0), (0.0 if diff > 0 else 1.0)
-    return 1.0 - normal_sf((diff + margin) / se), normal_sf(diff / se)
-
-
-def compare_metric(name: str, cand: ItemScores, champ: ItemScores, margin: float) -> MetricEvidence:
+def compare_metric(name: str, cand: ItemScores, champ: ItemScores, margin: float, noise: SeedNoise | None = None,
+                   alpha: float = 0.05, n_metrics: int = 1, uncalibrated_margin: float | None = None,
+                   confidence: float = 0.95) -> MetricEvidence:
     ia, ib = _align(cand, champ)
     cv, cw, clusters = cand.values[ia], cand.weights[ia], cand.clusters[ia]
     hv = champ.values[ib]
     pd = paired_difference(cv, hv, weights=cw, clusters=clusters, higher_is_better=cand.higher_is_better)
-    p_reg, p_imp = _one_sided(pd.diff, pd.se, margin)
-    ev = MetricEvidence(**asdict(pd), metric=name, candidate=float(cv.sum() / cw.sum()),
-                        champion=float(hv.sum() / cw.sum()), margin=margin, p_regression=p_reg, p_improvement=p_imp)
+    nm = noise_model(name, pd.se, noise, uncalibrated_margin)
+    se, df = nm.se, nm.df
+    half = t_quantile(0.5 + confidence / 2, df) * se
+    p_reg, p_imp = one_sided_pvalues(pd.diff, se, df, margin)
+    mde_better, mde_worse = detectable(nm, alpha, n_metrics, margin)
+    ev = MetricEvidence(diff=pd.diff, se=se, ci_low=pd.diff - half, ci_high=pd.diff + half, n_items=pd.n_items,
+                        n_clusters=pd.n_clusters, metric=name, candidate=float(cv.sum() / cw.sum()),
+                        champion=float(hv.sum() / cw.sum()), margin=margin, p_regression=p_reg, p_improvement=p_imp,
+                        se_item=pd.se, seed_sd=nm.seed_var**0.5, n_seeds=nm.n_seeds,
+                        df=None if math.isinf(df) else df, calibrated=nm.calibrated,
+                        hold_margin=nm.hold_margin, mde=mde_better, mde_worse=mde_worse)
     if cand.binary:
         only_c, only_h, p = mcnemar_exact(cv > 0.5, hv > 0.5)
         ev.mcnemar = {"only_candidate_passed": only_c, "only_champion_passed": only_h, "p_two_sided": p}
@@ -89,36 +111,67 @@ def compare_metric(name: str, cand: ItemScores, champ: ItemScores, margin: float
 
 
 def gate(candidate: dict[str, ItemScores], champion: dict[str, ItemScores], metrics: list[GateMetric],
-         alpha: float = 0.05) -> GateVerdict:
+         alpha: float = 0.05, noise: dict[str, SeedNoise] | None = None,
+         calibration: str | None = None) -> GateVerdict:
+    """``noise``: the champion config's between-seed noise per metric (None or a missing metric: uncalibrated,
+    tested on the item SE alone with differences below the metric's hold margin counted as none)."""
     missing = [m.name for m in metrics if m.name not in candidate or m.name not in champion]
     if missing:
         raise ValueError(f"metrics missing from an evaluation: {missing}")
-    evidence = [compare_metric(m.name, candidate[m.name], champion[m.name], m.margin) for m in metrics]
+    noise = noise or {}
+    evidence = [compare_metric(m.name, candidate[m.name], champion[m.name], m.margin, noise.get(m.name), alpha,
+                               len(metrics), m.uncalibrated_margin) for m in metrics]
     for ev, adj in zip(evidence, holm([e.p_regression for e in evidence]), strict=True):
         ev.p_regression_holm = adj
     for ev, adj in zip(evidence, holm([e.p_improvement for e in evidence]), strict=True):
         ev.p_improvement_holm = adj
-    worse = [e.metric for e in evidence if e.p_regression_holm < alpha]
-    better = [e.metric for e in evidence if e.p_improvement_holm < alpha]
+    worse = [e.metric for e in evidence if e.p_regression_holm < alpha and e.diff < -e.hold_margin]
+    better = [e.metric for e in evidence if e.p_improvement_holm < alpha and e.diff > e.hold_margin]
+    uncalibrated = [e for e in evidence if not e.calibrated]
+    note = ""
+    if uncalibrated:
+        held = [e.metric for e in uncalibrated if abs(e.diff) <= e.hold_margin]
+        note = (f"; uncalibrated: no seed-noise calibration for the champion's config on "
+                f"{[e.metric for e in uncalibrated]} (run codemill calibrate), so differences below the default "
+                f"margin count as none" + (f" (held: {held})" if held else ""))
+    calibrated = not uncalibrated
     if worse:
-        return GateVerdict("regression", alpha, f"worse than the champion by more than the margin on {worse}",
-                           evidence)
+        return GateVerdict("regression", alpha, f"worse than the champion by more than the margin on {worse}"
+                           + note, evidence, calibrated, calibration)
     if better:
-        return GateVerdict("promote", alpha, f"better than the champion on {better}, no metric worse", evidence)
-    return GateVerdict("hold", alpha, "no significant difference from the champion", evidence)
+        return GateVerdict("promote", alpha, f"better than the champion on {better}, no metric worse" + note,
+                           evidence, calibrated, calibration)
+    return GateVerdict("hold", alpha, "no significant difference from the champion" + note, evidence, calibrated,
+                       calibration)
+
+
+def noise_line(v: GateVerdict) -> str:
+    """One sentence on where the gate's noise came from."""
+    if v.calibrated:
+        seeds = sorted({e.n_seeds for e in v.metrics})
+        return (f"Noise: calibrated, between-seed variance from {'/'.join(map(str, seeds))} seeds"
+                f"{f' ({v.calibration})' if v.calibration else ''}; SE = sqrt(SE item^2 + 2 x seed SD^2).")
+    return ("Noise: **uncalibrated** (no `codemill calibrate` for the champion's config): SE is the item-level "
+            "SE alone, and a difference smaller than the hold margin counts as none.")
 
 
 def markdown_report(v: GateVerdict, title: str) -> str:
     lines = [f"# {title}", "", f"**Verdict: {v.verdict}** — {v.reason} (alpha {v.alpha}, Holm-corrected)", "",
-             "| metric | candidate | champion | diff (+ = better) | 95% CI | items | clusters | margin "
-             "| p worse (Holm) | p better (Holm) |", "|---|---|---|---|---|---|---|---|---|---|"]
+             noise_line(v), "",
+             "| metric | candidate | champion | diff (+ = better) | 95% CI | SE item | seed SD (n) | SE total "
+             "| items | clusters | margin | hold margin | p worse (Holm) | p better (Holm) | MDE better / worse "
+             "(80% power) |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for e in v.metrics:
+        seed = f"{e.seed_sd:.4f} ({e.n_seeds})" if e.calibrated else "uncalibrated"
         lines.append(f"| {e.metric} | {e.candidate:.4f} | {e.champion:.4f} | {e.diff:+.4f} | "
-                     f"[{e.ci_low:+.4f}, {e.ci_high:+.4f}] | {e.n_items} | {e.n_clusters} | {e.margin} | "
-                     f"{e.p_regression_holm:.3g} | {e.p_improvement_holm:.3g} |")
+                     f"[{e.ci_low:+.4f}, {e.ci_high:+.4f}] | {e.se_item:.4f} | {seed} | {e.se:.4f} | {e.n_items} | "
+                     f"{e.n_clusters} | {e.margin} | {e.hold_margin} | {e.p_regression_holm:.3g} | "
+                     f"{e.p_improvement_holm:.3g} | {e.mde:.4f} / {e.mde_worse:.4f} |")
     for e in v.metrics:
         if e.mcnemar:
             lines.append(f"\nMcNemar ({e.metric}): only candidate passed {e.mcnemar['only_candidate_passed']}, "
                          f"only champion passed {e.mcnemar['only_champion_passed']}, "
                          f"p = {e.mcnemar['p_two_sided']:.3g}")
+    lines.append("\nMDE: the smallest true difference the gate reports with 80% probability at these items and "
+                 "seeds (alpha / number of metrics, one-sided; see codemill.evals.noise).")
     return "\n".join(lines) + "\n"

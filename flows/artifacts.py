@@ -65,6 +65,7 @@ def publish_run_artifacts(store: ArtifactStore, lineage: Lineage, parent_run_id:
         create_link_artifact(url, link_text=text, key=text.lower().replace(" ", "-"), description=text)
     if model is not None:
         publish_loss_curve(store, lineage, model, parent_run_id)
-    if scores or verdict:
-        create_markdown_artifact(eval_report_markdown(title, scores, verdict, links), key="eval-report",
-                                 description=f"eval report; gate: {verdict['verdict'] if verdict else 'not run'}")
+    costs = {k: (v.status, v.cost) for k, v in stages.items()}
+    create_markdown_artifact(eval_report_markdown(title, scores, verdict, links, costs), key="eval-report",
+                             description=f"run report (scores, gate: {verdict['verdict'] if verdict else 'not run'}, "
+                                         "cost per stage)")

@@ -43,7 +43,7 @@ def run_stage_task(task: Any, store: ArtifactStore, **params: Any) -> StageResul
         state = task.with_options(refresh_cache=True)(**params, return_state=True)
         result = state.result()
     if state.name == "Cached":
-        result = result.model_copy(update={"status": "cached"})
+        result = result.model_copy(update={"status": "cached", "cost": {}})  # nothing spent in this run
     progress.sink().stage(result.ref.stage, f"{result.status}: {result.ref.uri}")
     return result
 

@@ -11,6 +11,7 @@ from prefect.runtime import flow_run
 
 from codemill import tags as T
 from codemill.config import PipelineConfig
+from codemill.evals.calibration import calibration_for_model
 from codemill.flows.common import eval_results, execute, flow_result, flow_run_url, open_flow_run
 from codemill.flows.hooks import record_failure_on_mlflow
 from codemill.flows.plan import plan_evaluations
@@ -46,17 +47,21 @@ def evaluate_resolved(ctx: RunContext, store: ArtifactStore, config: PipelineCon
 
 def gate_against_champion(ctx: RunContext, store: ArtifactStore, config: PipelineConfig, model: ResolvedModel,
                           corpus: ArtifactRef | None, evals: dict[str, StageResult]) -> dict[str, Any] | None:
-    """Evaluate the champion on the same suites and data (cached when it was before), then gate."""
+    """Evaluate the champion on the same suites and data (cached when it was before), then gate, with the
+    seed noise of the champion's config when ``codemill calibrate`` measured it."""
     if not config.gate.enabled:
         return None
     name = config.gate.registered_model or config.name
     champion = Registry(ctx.lineage(), name, config.gate.alias).champion()
     champion_evals = None
+    calibration = None
     if champion and champion.get(T.MODEL_ID) != model.model_id:
         champ_model = resolve_model(ctx, champion[T.MODEL_ID])
         champion_evals = evaluate_resolved(ctx, store, config, champ_model, corpus)
+        found = calibration_for_model(store, champ_model.ref.digest)
+        calibration = {**found[1], "uri": found[0].uri} if found else None
     return gate_task(ctx=ctx, cfg=config.gate, registered_model=name, candidate=model, candidate_evals=evals,
-                     champion=champion, champion_evals=champion_evals)
+                     champion=champion, champion_evals=champion_evals, calibration=calibration)
 
 
 def _run_name() -> str:

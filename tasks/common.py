@@ -11,6 +11,7 @@ from prefect.context import TaskRunContext
 from pydantic import BaseModel, Field
 
 from codemill import tags as T
+from codemill.cost import measure
 from codemill.lineage import Lineage
 from codemill.plan import StagePlan
 from codemill.store import ArtifactRef, ArtifactStore, ArtifactWriter, Manifest
@@ -38,6 +39,8 @@ class StageResult(BaseModel):
     run_id: str | None = None
     model_id: str | None = None
     summary: dict[str, Any] = Field(default_factory=dict)
+    cost: dict[str, float] = Field(default_factory=dict, description="wall_s, cpu_s, gpu_s of producing it in "
+                                   "this run (empty when it was found in the store)")
 
 
 SERVER_RETRY_DELAYS: list[float] = [10, 30, 60]  # seconds; a tracking server restart takes ~30 s
@@ -82,17 +85,21 @@ Recorder = Callable[[Lineage, str, Manifest], dict[str, Any]]
 
 
 def run_stage(ctx: RunContext, plan: StagePlan, produce: Producer, record: Recorder,
-              summarize: Callable[[Manifest], dict[str, Any]]) -> StageResult:
+              summarize: Callable[[Manifest], dict[str, Any]], *, gpus: int = 0,
+              system_metrics: bool = False) -> StageResult:
     """Skip if committed; else produce under a writer (manifest last). Then make sure MLflow knows it.
 
     Every stage run records its plan (the hashed config as params, the input digests as tags) and its
     manifest; ``record`` adds what is particular to the stage. Recording runs after a fresh produce, and also
     when the artifact was already in the store but this tracking server has no run for it (a new MLflow DB).
+    A produced stage logs what it cost (``cost_wall_s``, ``cost_cpu_s``, ``cost_gpu_s``; ``gpus``: the GPUs it
+    holds); ``system_metrics`` turns on MLflow's CPU/memory/GPU sampling on its run.
     """
     store = ctx.store()
     lineage = ctx.lineage()
     ref = store.ref_for(plan)
     status = "present"
+    cost: dict[str, float] = {}
 
     def record_all(run_id: str, manifest: Manifest) -> dict[str, Any]:
         lineage.record_plan(run_id, plan, manifest, ref)
@@ -110,10 +117,12 @@ def run_stage(ctx: RunContext, plan: StagePlan, produce: Producer, record: Recor
             extra = {"model_id": model_id} if model_id else {}
     else:
         status = "ran"
-        with lineage.stage_run(ctx.parent_run_id, ref.stage, ref.digest) as run_id:
-            with store.writer(plan) as writer:
+        with lineage.stage_run(ctx.parent_run_id, ref.stage, ref.digest, system_metrics) as run_id:
+            with measure(gpus) as spent, store.writer(plan) as writer:
                 produce(writer, run_id)
             manifest = store.read_manifest(ref)
             extra = record_all(run_id, manifest)
+            lineage.log_metrics(run_id, spent.metrics())
+        cost = spent.as_dict()
     return StageResult(ref=ref, status=status, run_id=run_id, model_id=extra.get("model_id"),
-                       summary={**summarize(manifest), **extra})
+                       summary={**summarize(manifest), **extra}, cost=cost)

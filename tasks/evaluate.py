@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import torch
 from prefect import get_run_logger
 
 from codemill import progress
@@ -111,7 +112,9 @@ def evaluate_suite_task(plan: StagePlan, ctx: RunContext, cfg: EvalConfig, model
         return w.finish({**summary, "suite": suite, "model_id": model.model_id})
 
     data = logged_dataset(suite, plan.input("data"))
-    return run_stage(ctx, plan, produce, _record(store, suite, model, data), _summary)
+    gpus = 1 if torch.cuda.is_available() and not samples_file else 0  # suites.load_eval_model's device
+    return run_stage(ctx, plan, produce, _record(store, suite, model, data), _summary, gpus=gpus,
+                     system_metrics=True)
 
 
 def _humaneval(w: ArtifactWriter, cfg: EvalConfig, model: ResolvedModel, samples_file: str | None):

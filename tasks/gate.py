@@ -10,6 +10,7 @@ from prefect.artifacts import create_markdown_artifact
 from codemill import tags as T
 from codemill.config import GateConfig
 from codemill.evals import suites
+from codemill.evals.calibration import noise_of
 from codemill.evals.gate import GateMetric, gate, markdown_report
 from codemill.lineage import Registry
 from codemill.tasks.common import RunContext, StageResult
@@ -31,7 +32,9 @@ def model_tags(model: ResolvedModel) -> dict[str, str]:
 @task(name="gate", retries=2, retry_delay_seconds=5)
 def gate_task(ctx: RunContext, cfg: GateConfig, registered_model: str, candidate: ResolvedModel,
               candidate_evals: dict[str, StageResult], champion: dict[str, str] | None,
-              champion_evals: dict[str, StageResult] | None) -> dict[str, Any]:
+              champion_evals: dict[str, StageResult] | None,
+              calibration: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``calibration``: the champion config's noise.json plus its ``uri`` (None: the gate is uncalibrated)."""
     logger = get_run_logger()
     lineage = ctx.lineage()
     registry = Registry(lineage, registered_model, cfg.alias)
@@ -44,11 +47,13 @@ def gate_task(ctx: RunContext, cfg: GateConfig, registered_model: str, candidate
         result = {"verdict": "hold", "reason": "the candidate is the champion", "metrics": [], "alpha": cfg.alpha}
     else:
         cand, champ = _scores(ctx, candidate_evals), _scores(ctx, champion_evals or {})
-        metrics = [GateMetric(m.name, m.margin) for m in cfg.metrics if m.name in cand and m.name in champ]
+        metrics = [GateMetric(m.name, m.margin, m.uncalibrated_margin) for m in cfg.metrics
+                   if m.name in cand and m.name in champ]
         if not metrics:
             raise ValueError(f"no gate metric was evaluated for both models (configured: "
                              f"{[m.name for m in cfg.metrics]}, evaluated: {sorted(cand)})")
-        verdict = gate(cand, champ, metrics, cfg.alpha)
+        noise = noise_of(calibration) if calibration else None
+        verdict = gate(cand, champ, metrics, cfg.alpha, noise, calibration.get("uri") if calibration else None)
         result = verdict.as_dict()
         version = registry.promote(candidate.model_id, model_tags(candidate)) if verdict.verdict == "promote" \
             else champion["version"]
@@ -70,7 +75,8 @@ def _report(result: dict[str, Any]) -> str:
     from codemill.evals.gate import GateVerdict, MetricEvidence
 
     v = GateVerdict(result["verdict"], result["alpha"], result["reason"],
-                    [MetricEvidence(**m) for m in result["metrics"]])
+                    [MetricEvidence(**m) for m in result["metrics"]], result.get("calibrated", False),
+                    result.get("calibration"))
     links = (f"\n- MLflow run: `{result.get('mlflow_run_id')}` ({result.get('tracking_uri')})"
              f"\n- candidate model: `{result['candidate_model_id']}` (models:/{result['candidate_model_id']})"
              f"\n- champion before: "

@@ -90,7 +90,15 @@ def train_task(plan: StagePlan, ctx: RunContext, cfg: TrainConfig) -> StageResul
         shutil.rmtree(ckpt_dir.parent, ignore_errors=True)  # the committed export supersedes them
         return manifest
 
-    return run_stage(ctx, plan, produce, _record(store, tokens), _summary)
+    return run_stage(ctx, plan, produce, _record(store, tokens), _summary, gpus=_gpus(cfg), system_metrics=True)
+
+
+def _gpus(cfg: TrainConfig) -> int:
+    """GPUs this node's ranks hold (one each) when training runs on CUDA."""
+    import torch
+
+    on_gpu = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+    return cfg.nproc_per_node if on_gpu else 0
 
 
 def _on_trainer_line(logger, line: str) -> None:

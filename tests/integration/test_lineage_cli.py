@@ -140,9 +140,13 @@ def test_compare_table_and_reverse(lineage_runs):
     res = _cli(lineage_runs, "compare", first["model_id"], second["model_id"])
     assert res.exit_code == 0, res.output
     forward = _json(lineage_runs, "compare", second["model_id"], first["model_id"])
+    lines = res.output.splitlines()
+    assert max(map(len, lines)) <= 80, res.output  # readable in an 80-column log, nothing cut to "comp…"
+    assert "…" not in res.output and "uncalibrated" in res.output
     for m in forward["metrics"]:
-        line = next(ln for ln in res.output.splitlines() if m["metric"] + " " in ln)
-        assert f"{-m['diff'] + 0.0:+.4f}" in line and str(m["n_items"]) in line, line
+        start = next(i for i, ln in enumerate(lines) if ln.startswith(m["metric"] + " (+ = a better)"))
+        block = "\n".join(lines[start:start + 5])
+        assert f"diff {-m['diff'] + 0.0:+.4f}" in block and f"items {m['n_items']}," in block, block
     bad = _cli(lineage_runs, "compare", first["model_id"], "m-0123456789abcdef")
     assert bad.exit_code == 2, (bad.exit_code, bad.output)
     assert "no LoggedModel 'm-0123456789abcdef'" in bad.output, bad.output

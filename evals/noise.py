@@ -1,0 +1,168 @@
+"""Training noise: how much a metric moves between seeds, how that enters the gate, and what the gate can see.
+
+Two trainings of one config that differ only in the seed give different models. On the same eval items their
+metrics differ by the *seed noise* (between-seed variance ``s2`` of the metric, measured by training several
+seeds: ``codemill calibrate``) on top of the *item noise* (the paired item-level SE of the difference, what the
+gate always measured). For a candidate and a champion trained independently,
+
+    Var(diff) = SE_item^2 + 2 * s2        (each of the two trainings contributes one s2)
+
+and since ``s2`` is estimated from n seeds (n - 1 degrees of freedom), tests use Student's t with the
+Welch-Satterthwaite degrees of freedom ``(SE_item^2 + 2 s2)^2 / ((2 s2)^2 / (n - 1))`` (the item part has
+hundreds of items: its degrees of freedom are taken as infinite).
+
+With no calibration for the champion's config the gate cannot know the seed noise; it then tests on the item
+SE alone but treats any difference smaller than a default margin (``UNCALIBRATED_MARGINS``) as no difference:
+a hold, never a promote or a regression.
+
+Minimum detectable effect (MDE): the smallest true difference the gate reports with probability ``power``
+(80%). A metric counts as better when its one-sided p-value is below alpha (Holm; its first step compares the
+smallest p with alpha / m, so the MDE uses alpha / m, which is exact for one metric and conservative for more)
+and, uncalibrated, when the difference also exceeds the hold margin:
+
+    MDE = max(hold_margin, test_margin + t(1 - alpha/m, df) * SE) + t(power, df) * SE
+
+(``test_margin`` is the metric's tolerated loss for the regression test and 0 for the improvement test).
+Pure functions: no Prefect, no MLflow.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+from scipy import stats as st
+
+# Differences smaller than these are "no difference" when the champion's config was never calibrated (about
+# twice the between-seed SD measured on the tiny preset, see the README's calibration benchmark); metrics not
+# named here get DEFAULT_UNCALIBRATED_MARGIN.
+UNCALIBRATED_MARGINS: dict[str, float] = {
+    "val_bpb": 0.1,
+    "completion_edit_similarity": 0.03,
+    "completion_exact_match": 0.03,
+    "humaneval_pass_at_1": 0.03,
+}
+DEFAULT_UNCALIBRATED_MARGIN = 0.05
+DEFAULT_POWER = 0.8
+
+
+def uncalibrated_margin(metric: str) -> float:
+    return UNCALIBRATED_MARGINS.get(metric, DEFAULT_UNCALIBRATED_MARGIN)
+
+
+@dataclass(frozen=True)
+class SeedNoise:
+    """One metric's between-seed spread: its value for each seed's model on the same items, and the RMS
+    paired item-level SE between two seeds' models (what the item part of a comparison's SE will be)."""
+
+    metric: str
+    values: tuple[float, ...]
+    item_se: float = 0.0
+
+    @property
+    def n_seeds(self) -> int:
+        return len(self.values)
+
+    @property
+    def seed_var(self) -> float:
+        return float(np.var(self.values, ddof=1)) if self.n_seeds > 1 else 0.0
+
+    @property
+    def seed_sd(self) -> float:
+        return math.sqrt(self.seed_var)
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "values": list(self.values), "n_seeds": self.n_seeds, "seed_var": self.seed_var,
+                "seed_sd": self.seed_sd}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> SeedNoise:
+        return cls(d["metric"], tuple(float(v) for v in d["values"]), float(d.get("item_se", 0.0)))
+
+
+def seed_noise(metric: str, values: Sequence[float], item_ses: Sequence[float] = ()) -> SeedNoise:
+    """The noise of one metric from >= 2 seeds' values; ``item_ses`` (paired SEs between seed pairs) are
+    combined as a root mean square."""
+    if len(values) < 2:
+        raise ValueError(f"{metric}: the between-seed variance needs at least 2 seeds, got {len(values)}")
+    rms = math.sqrt(float(np.mean(np.square(item_ses)))) if len(item_ses) else 0.0
+    return SeedNoise(metric, tuple(float(v) for v in values), rms)
+
+
+def combined_se(item_se: float, seed_var: float) -> float:
+    """SE of the difference between two independently trained models: sqrt(SE_item^2 + 2 s2)."""
+    return math.sqrt(item_se**2 + 2.0 * seed_var)
+
+
+def satterthwaite_df(item_se: float, seed_var: float, n_seeds: int) -> float:
+    """Welch-Satterthwaite degrees of freedom of SE_item^2 + 2 s2 (item part: infinite; s2: n - 1)."""
+    if seed_var <= 0.0 or n_seeds < 2:
+        return math.inf
+    total = item_se**2 + 2.0 * seed_var
+    return total**2 / ((2.0 * seed_var) ** 2 / (n_seeds - 1))
+
+
+def t_quantile(p: float, df: float) -> float:
+    return float(st.norm.ppf(p)) if math.isinf(df) else float(st.t.ppf(p, df))
+
+
+def t_sf(x: float, df: float) -> float:
+    """P(T > x); the standard normal when df is infinite."""
+    return float(st.norm.sf(x)) if math.isinf(df) else float(st.t.sf(x, df))
+
+
+@dataclass(frozen=True)
+class NoiseModel:
+    """What the gate uses for one metric: both SE components, the degrees of freedom, the hold margin."""
+
+    item_se: float
+    seed_var: float
+    n_seeds: int
+    hold_margin: float  # differences with |diff| below this are a hold (uncalibrated only; 0 when calibrated)
+
+    @property
+    def calibrated(self) -> bool:
+        return self.n_seeds >= 2
+
+    @property
+    def se(self) -> float:
+        return combined_se(self.item_se, self.seed_var)
+
+    @property
+    def df(self) -> float:
+        return satterthwaite_df(self.item_se, self.seed_var, self.n_seeds)
+
+
+def noise_model(metric: str, item_se: float, noise: SeedNoise | None,
+                default_margin: float | None = None) -> NoiseModel:
+    """The calibrated noise of a metric, or the item SE plus the uncalibrated hold margin."""
+    if noise is not None and noise.n_seeds >= 2:
+        return NoiseModel(item_se, noise.seed_var, noise.n_seeds, 0.0)
+    margin = uncalibrated_margin(metric) if default_margin is None else default_margin
+    return NoiseModel(item_se, 0.0, 0, margin)
+
+
+def one_sided_pvalues(diff: float, se: float, df: float, margin: float) -> tuple[float, float]:
+    """(p worse by more than ``margin``, p better) for a difference oriented so that + = candidate better."""
+    if se == 0.0:
+        return (0.0 if diff < -margin else 1.0), (0.0 if diff > 0 else 1.0)
+    return 1.0 - t_sf((diff + margin) / se, df), t_sf(diff / se, df)
+
+
+def mde(se: float, df: float, alpha: float, power: float = DEFAULT_POWER, test_margin: float = 0.0,
+        hold_margin: float = 0.0) -> float:
+    """The smallest true difference detected with probability ``power`` by a one-sided test at ``alpha`` that
+    also requires the observed difference to exceed ``hold_margin`` (see the module docstring)."""
+    if not 0 < alpha < 1 or not 0 < power < 1:
+        raise ValueError("alpha and power must lie in (0, 1)")
+    return max(hold_margin, test_margin + t_quantile(1.0 - alpha, df) * se) + t_quantile(power, df) * se
+
+
+def detectable(model: NoiseModel, alpha: float, n_metrics: int, test_margin: float,
+               power: float = DEFAULT_POWER) -> tuple[float, float]:
+    """(MDE of an improvement, MDE of a regression) for one metric of an ``n_metrics``-metric gate."""
+    a = alpha / max(1, n_metrics)
+    return (mde(model.se, model.df, a, power, 0.0, model.hold_margin),
+            mde(model.se, model.df, a, power, test_margin, model.hold_margin))
