@@ -53,9 +53,9 @@ MAX_TESTS_CHARS = 200_000
 # Steps, in the order a file or a function meets them; every function with doctests is counted in exactly one
 # of the function steps after "functions_with_doctests" (a drop reason or "kept").
 FILE_STEPS = ("files", "files_without_examples", "file_too_large", "syntax_error", "files_parsed")
-FUNCTION_STEPS = ("functions_with_doctests", "not_top_level", "async_def", "bad_docstring", "no_body", "decorated",
-                  "not_self_contained", "non_stdlib_import", "uses_io_or_network", "no_checkable_example",
-                  "too_large", "duplicate", "kept")
+FUNCTION_STEPS = ("functions_with_doctests", "not_top_level", "async_def", "bad_docstring", "no_body",
+                  "generator_function", "decorated", "not_self_contained", "non_stdlib_import",
+                  "uses_io_or_network", "no_checkable_example", "too_large", "duplicate", "kept")
 EXAMPLE_STEPS = ("examples_in_kept", "examples_dropped_in_kept", "test_cases")
 
 STDLIB = frozenset(sys.stdlib_module_names)
@@ -94,7 +94,8 @@ TRIVIAL_DECORATORS = frozenset({"functools.lru_cache", "functools.cache"})
 # The judge-side runner every tests program and test case carries (stdlib only; it runs in the sandbox).
 # The candidate is a proxy: its exceptions arrive as builtin types whose message may carry a "Type: " prefix,
 # which is stripped so that doctest compares the message the original exception carried.
-HELPER = '''import doctest as _doctest
+HELPER = r'''import doctest as _doctest
+import traceback as _traceback
 
 
 def _doctest_examples(candidate, entry, imports, examples):
@@ -129,11 +130,22 @@ def _doctest_examples(candidate, entry, imports, examples):
                                options={_doctest.OPTIONFLAGS_BY_NAME[k]: v for k, v in options.items()})
               for source, want, exc_msg, options, lineno in examples]
     report = []
-    runner = _doctest.DocTestRunner(verbose=False)
+    runner = _Runner(verbose=False)
     result = runner.run(_doctest.DocTest(parsed, globs, entry, None, 0, None), out=report.append,
                         clear_globs=False)
     if result.failed:
-        raise AssertionError("".join(report)[-2000:])
+        raise AssertionError("".join(report)[:2000])
+
+
+class _Runner(_doctest.DocTestRunner):
+    """doctest's runner with short reports: the example, then what differed or the exception's last line."""
+
+    def report_failure(self, out, test, example, got):
+        out("Failed example:\n" + example.source + self._checker.output_difference(example, got, self.optionflags))
+
+    def report_unexpected_exception(self, out, test, example, exc_info):
+        out("Failed example:\n" + example.source + "Exception raised: "
+            + "".join(_traceback.format_exception_only(*exc_info[:2])))
 '''
 
 
@@ -416,12 +428,22 @@ def _make_problem(repo: str, path: str, lines: list[str], node: ast.FunctionDef,
     entry = node.name
     if len(node.body) < 2:
         raise _Drop("no_body")
+    if _is_generator(node):  # its result is an iterator, which cannot cross to the judge as plain data
+        raise _Drop("generator_function")
     doc_node = node.body[0]
     assert doc_node.end_lineno is not None and node.end_lineno is not None
-    if lines[doc_node.end_lineno - 1].encode()[doc_node.end_col_offset or 0:].strip() or \
-            node.body[1].lineno <= doc_node.end_lineno:
+    after_doc = lines[doc_node.end_lineno - 1].encode()[doc_node.end_col_offset or 0:].strip()
+    if (after_doc and not after_doc.startswith(b"#")) or node.body[1].lineno <= doc_node.end_lineno:
         raise _Drop("no_body", "code on the docstring's last line")
 
+    for dec in node.decorator_list:
+        target = dec.func if isinstance(dec, ast.Call) else dec
+        if isinstance(dec, ast.Call) and not all(isinstance(a, ast.Constant) for a in
+                                                 [*dec.args, *(k.value for k in dec.keywords)]):
+            raise _Drop("decorated")
+        dotted = _dotted_name(target, bindings)
+        if dotted not in TRIVIAL_DECORATORS:
+            raise _Drop("decorated", str(dotted))
     # the names the function reads: its scopes' globals (symtable) and what the def line evaluates
     used, declared = _scope_globals(ftable)
     if declared:
@@ -435,14 +457,6 @@ def _make_problem(repo: str, path: str, lines: list[str], node: ast.FunctionDef,
             raise _Drop("not_self_contained", f"uses module name {name!r}")
         elif name in DYNAMIC_BUILTINS:
             raise _Drop("not_self_contained", f"dynamic code: {name}")
-    for dec in node.decorator_list:
-        target = dec.func if isinstance(dec, ast.Call) else dec
-        if isinstance(dec, ast.Call) and not all(isinstance(a, ast.Constant) for a in
-                                                 [*dec.args, *(k.value for k in dec.keywords)]):
-            raise _Drop("decorated")
-        dotted = _dotted_name(target, bindings)
-        if dotted not in TRIVIAL_DECORATORS:
-            raise _Drop("decorated", str(dotted))
     local = _local_imports(node)
     for name in needed:
         if not bindings[name].stdlib:
@@ -488,6 +502,17 @@ def _make_problem(repo: str, path: str, lines: list[str], node: ast.FunctionDef,
     problem = ExecProblem(problem_id=f"{SOURCE}/{repo}/{path}::{entry}#{digest}", prompt=prompt, entry_point=entry,
                           tests=tests, test_cases=cases, reference_solution=body, source=SOURCE, split_unit=repo)
     return problem, len(kept), dropped
+
+
+def _is_generator(node: ast.FunctionDef) -> bool:
+    stack: list[ast.AST] = list(node.body)
+    while stack:
+        sub = stack.pop()
+        if isinstance(sub, (ast.Yield, ast.YieldFrom)):
+            return True
+        if not isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            stack.extend(ast.iter_child_nodes(sub))
+    return False
 
 
 def _dotted_name(expr: ast.expr, bindings: dict[str, _Binding]) -> str | None:
@@ -581,10 +606,12 @@ def _keep_examples(raw: list[doctest.Example], entry: str,
 
 
 def _test_groups(examples: list[_Example], entry: str) -> list[list[int]]:
-    """Per checking example that (with what it depends on) calls the function: the indices to run, in order.
+    """Per checking example whose value comes from the function: the indices to run, in order.
 
-    Example j is a dependency of i (j < i) when it binds or touches a name that i, or another dependency,
-    reads and that some example binds (touching covers ``xs.append(3)`` between ``xs = []`` and ``f(xs)``).
+    An example checks when it shows output, expects an exception or is a bare expression. It is a test case
+    when it, or an earlier example that binds a name it reads (transitively), calls the function: ``r = f(x)``
+    then ``r`` is one case, ``len(xs)`` after ``f(xs)`` is not. A case runs with every earlier example that
+    binds or touches a name it reads (touching covers ``xs.append(3)`` between ``xs = []`` and ``f(xs)``).
     """
     bound = {n for e in examples for n in e.stores}
     groups: list[list[int]] = []
@@ -592,16 +619,22 @@ def _test_groups(examples: list[_Example], entry: str) -> list[list[int]]:
         checks = bool(ex.want) or ex.exc_msg is not None or ex.is_expression
         if not checks:
             continue
-        members = {i}
-        todo = [i]
-        while todo:
-            k = todo.pop()
-            wanted = examples[k].loads & bound
-            for j in range(k):
-                if j not in members and (examples[j].stores | examples[j].loads) & wanted:
-                    members.add(j)
-                    todo.append(j)
-        if any(entry in examples[k].loads for k in members):
-            groups.append(sorted(members))
+        producers = _closure(examples, i, bound, touching=False)
+        if any(entry in examples[k].loads for k in producers):
+            groups.append(sorted(_closure(examples, i, bound, touching=True)))
     return groups
+
+
+def _closure(examples: list[_Example], i: int, bound: set[str], touching: bool) -> set[int]:
+    members = {i}
+    todo = [i]
+    while todo:
+        k = todo.pop()
+        wanted = examples[k].loads & bound
+        for j in range(k):
+            names = examples[j].stores | examples[j].loads if touching else examples[j].stores
+            if j not in members and names & wanted:
+                members.add(j)
+                todo.append(j)
+    return members
 
