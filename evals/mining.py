@@ -89,6 +89,9 @@ SYS_PURE = frozenset({"maxsize", "maxunicode", "byteorder", "float_info", "int_i
                       "intern", "getrecursionlimit", "getdefaultencoding", "getfilesystemencoding", "exc_info",
                       "exception", "platform"})
 OPEN_NAMES = frozenset({"open", "open_code", "fdopen", "FileIO", "uuid1", "getnode"})
+READING_BUILTINS = frozenset({"len", "sorted", "list", "tuple", "set", "frozenset", "dict", "str", "repr", "print",
+                              "type", "isinstance", "sum", "min", "max", "abs", "bool", "int", "float", "hash",
+                              "round", "any", "all", "format", "ascii", "bytes", "complex", "divmod", "pow"})
 TRIVIAL_DECORATORS = frozenset({"functools.lru_cache", "functools.cache"})
 
 # The judge-side runner every tests program and test case carries (stdlib only; it runs in the sandbox).
@@ -173,6 +176,7 @@ class _Example:
     lineno: int
     loads: set[str]
     stores: set[str]
+    touches: set[str]
     is_expression: bool
 
     def as_data(self) -> tuple[str, str, str | None, dict[str, bool], int]:
@@ -549,6 +553,29 @@ def _example_names(tree: ast.AST) -> tuple[set[str], set[str]]:
     return loads, stores
 
 
+def _base_name(expr: ast.expr) -> str | None:
+    while isinstance(expr, (ast.Attribute, ast.Subscript)):
+        expr = expr.value
+    return expr.id if isinstance(expr, ast.Name) else None
+
+
+def _touched(tree: ast.AST, entry: str) -> set[str]:
+    """Names an example may change without rebinding them (the candidate cannot: it gets copies)."""
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            candidates = [node.func.value] if isinstance(node.func, ast.Attribute) else []
+            if not (isinstance(node.func, ast.Name) and node.func.id in READING_BUILTINS | {entry}):
+                candidates += [*node.args, *(k.value for k in node.keywords)]
+            candidates = [c.value if isinstance(c, ast.Starred) else c for c in candidates]
+        elif isinstance(node, (ast.Attribute, ast.Subscript)) and not isinstance(node.ctx, ast.Load):
+            candidates = [node.value]
+        else:
+            continue
+        out.update(n for n in map(_base_name, candidates) if n)
+    return out
+
+
 def _keep_examples(raw: list[doctest.Example], entry: str,
                    bindings: dict[str, _Binding]) -> tuple[list[_Example], int, list[str]]:
     """Examples that only read the function, builtins, stdlib modules and earlier kept examples' names."""
@@ -597,7 +624,7 @@ def _keep_examples(raw: list[doctest.Example], entry: str,
             continue
         options = {_FLAG_NAMES[k]: v for k, v in ex.options.items() if k in _FLAG_NAMES}
         body = tree.body
-        kept.append(_Example(ex.source, ex.want, ex.exc_msg, options, ex.lineno, loads, stores,
+        kept.append(_Example(ex.source, ex.want, ex.exc_msg, options, ex.lineno, loads, stores, _touched(tree, entry),
                              len(body) == 1 and isinstance(body[-1], ast.Expr)))
         defined |= stores
         imported.update(own)
@@ -611,7 +638,8 @@ def _test_groups(examples: list[_Example], entry: str) -> list[list[int]]:
     An example checks when it shows output, expects an exception or is a bare expression. It is a test case
     when it, or an earlier example that binds a name it reads (transitively), calls the function: ``r = f(x)``
     then ``r`` is one case, ``len(xs)`` after ``f(xs)`` is not. A case runs with every earlier example that
-    binds or touches a name it reads (touching covers ``xs.append(3)`` between ``xs = []`` and ``f(xs)``).
+    binds or may change a name it reads (``xs.append(3)`` between ``xs = []`` and ``f(xs)``: a method call on
+    it, an item or attribute assigned, the name passed to a call), not every earlier example that reads it.
     """
     bound = {n for e in examples for n in e.stores}
     groups: list[list[int]] = []
@@ -632,7 +660,7 @@ def _closure(examples: list[_Example], i: int, bound: set[str], touching: bool) 
         k = todo.pop()
         wanted = examples[k].loads & bound
         for j in range(k):
-            names = examples[j].stores | examples[j].loads if touching else examples[j].stores
+            names = examples[j].stores | examples[j].touches if touching else examples[j].stores
             if j not in members and names & wanted:
                 members.add(j)
                 todo.append(j)

@@ -161,6 +161,11 @@ def total(xs, start=0):
     0
     >>> len(data)
     3
+    >>> pair = [total(data), total(other)]
+    >>> pair[0]
+    6
+    >>> sorted(pair)
+    [6, 10]
     """
     return sum(xs, start)
 
@@ -363,13 +368,17 @@ def test_examples_setup_groups_and_dropped_examples() -> None:
     total = found["total"]
     # the example calling an unknown helper is dropped; `len(data)` does not call the function: not a case
     assert "helper()" not in total.tests
-    assert len(total.test_cases) == 2
-    first, second = total.test_cases
+    assert len(total.test_cases) == 4
+    first, second, third, fourth = total.test_cases
     assert "data = [1, 2]" in first and "data.append(3)" in first and "other" not in first
     assert "other = [10]" in second and "data" not in second
+    # a case runs what binds or may change the names it reads, not the earlier checks that only read them
+    assert "pair = [" in third and "pair[0]" in third and "sorted" not in third
+    assert "pair = [" in fourth and "sorted(pair)" in fourth and "pair[0]" not in fourth
+    assert "data.append(3)" in fourth and "len(data)" not in fourth
     assert _judge(total) == (True, 1.0)
-    # partial credit: a candidate that ignores `start` passes one case of two
-    assert _judge(total, "    return sum(xs)\n") == (False, 0.5)
+    # partial credit: a candidate that ignores `start` passes the cases that do not pass it
+    assert _judge(total, "    return sum(xs)\n") == (False, 0.75)
     assert "@functools.lru_cache(maxsize=None)" in found["fib"].prompt and "import functools" in found["fib"].prompt
     assert _judge(found["fib"]) == (True, 1.0)  # recursion through its own name is allowed
     assert counts["decorated"] == 1
