@@ -234,18 +234,33 @@ class Rejected:
 Judge = Callable[[list[tuple[ExecProblem, str]]], list[Any]]  # JudgePool.judge_all
 
 
-def verify(problems: list[ExecProblem], judge: Judge | None) -> tuple[list[ExecProblem], list[Rejected]]:
-    """Keep problems whose reference passes in the sandbox, and those without a reference (unverified)."""
+def verify(problems: list[ExecProblem], judge: Judge | None, retries: int = 2,
+           counts: dict[str, int] | None = None) -> tuple[list[ExecProblem], list[Rejected]]:
+    """Keep problems whose reference passes in the sandbox, and those without a reference (unverified).
+
+    A failure the host cannot attribute to the reference (the candidate gone, no verdict, a time-out, the
+    judge's ``suspicious`` labels) is judged again, up to ``retries`` times: under CPU contention a correct
+    reference is sometimes reported as gone, and a problem set must not lose it to load. A reference that
+    really exits or loops fails every time. ``counts["rejudged"]`` says how many samples were judged again."""
     with_ref = [p for p in problems if p.reference_solution is not None]
-    verdicts: dict[int, Any] = {}
+    verdicts: list[Any] = []
     if with_ref:
         if judge is None:
             raise ValueError("problems with references need a judge (the sandbox)")
-        judged = judge([(p, p.reference_solution or "") for p in with_ref])
-        verdicts = {id(p): j for p, j in zip(with_ref, judged, strict=True)}
+        verdicts = list(judge([(p, p.reference_solution or "") for p in with_ref]))
+        for _ in range(retries):
+            again = [i for i, j in enumerate(verdicts) if not j.passed and getattr(j, "suspicious", None)]
+            if not again:
+                break
+            if counts is not None:
+                counts["rejudged"] = counts.get("rejudged", 0) + len(again)
+            for i, j in zip(again, judge([(with_ref[i], with_ref[i].reference_solution or "") for i in again]),
+                            strict=True):
+                verdicts[i] = j
+    by_problem = dict(zip(map(id, with_ref), verdicts, strict=True))
     kept, dropped = [], []
     for p in problems:
-        j = verdicts.get(id(p))
+        j = by_problem.get(id(p))
         if j is None or j.passed:
             kept.append(p)
         else:
@@ -336,7 +351,8 @@ def build_problem_set(cfg: ProblemsConfig, out_dir: Path, judge: Judge | None,
         else:
             live.append(p)
     say(f"verifying {sum(p.reference_solution is not None for p in live)} references in the sandbox")
-    live, dropped = verify(live, judge)
+    verify_counts: dict[str, int] = {"rejudged": 0}
+    live, dropped = verify(live, judge, counts=verify_counts)
     rejected += dropped
     live, dropped = exact_dedup(live)
     rejected += dropped
@@ -345,7 +361,9 @@ def build_problem_set(cfg: ProblemsConfig, out_dir: Path, judge: Judge | None,
     rejected += dropped
     splits = [split_of(p, cfg) for p in live]
     _write(out_dir, live, splits, rejected)
-    return _stats(labels, cfg, read, source_counts, live, splits, rejected)
+    stats = _stats(labels, cfg, read, source_counts, live, splits, rejected)
+    stats["verify"] = verify_counts
+    return stats
 
 
 def _write(out_dir: Path, kept: list[ExecProblem], splits: list[str], rejected: list[Rejected]) -> None:

@@ -150,14 +150,16 @@ def test_malformed_problems_are_named():
 
 def test_verify_keeps_passing_and_unverified_and_drops_failing_references():
     problems = [_p("ok"), _p("bad", reference_solution="    return x\n"), _p("noref", reference_solution=None),
-                _p("loop", reference_solution="    while True:\n        pass\n")]
+                _p("exits", reference_solution="    import os\n    os._exit(0)\n")]
     fast = JudgePool(Limits(wall_s=3, cpu_s=1), workers=2)
+    counts: dict[str, int] = {}
     with fast:
-        kept, dropped = verify(problems, fast.judge_all)
+        kept, dropped = verify(problems, fast.judge_all, counts=counts)
     assert [p.problem_id for p in kept] == ["ok", "noref"]
     assert [(r.problem.problem_id, r.reason) for r in dropped] == [("bad", "reference_failed"),
-                                                                   ("loop", "reference_failed")]
-    assert dropped[0].detail.startswith("failed") and "CPU limit" in dropped[1].detail
+                                                                   ("exits", "reference_failed")]
+    assert dropped[0].detail.startswith("failed") and "exited with status 0" in dropped[1].detail
+    assert counts == {"rejudged": 2}  # the exit is judged twice more (load can fake one); the wrong answer not
 
 
 def test_exact_dedup_ignores_trailing_whitespace_and_blank_lines_and_refuses_a_taken_id():
