@@ -33,6 +33,9 @@ pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewra
 
 NEW_LIMITS = Limits(wall_s=4, cpu_s=3)
 OLD_LIMITS = Limits(wall_s=3, cpu_s=2)
+# The old harness runs as uid SANDBOX_UID_BASE + OLD_SLOT, apart from the pool's only candidate uid (slot 0):
+# RLIMIT_NPROC counts per uid, so the old harness's fork bomb would otherwise stop the pool's server forking.
+OLD_SLOT = 7
 
 
 # --- problems ----------------------------------------------------------------------------------------------
@@ -491,7 +494,7 @@ def judge_one(pool, problem: ExecProblem, completion: str):
 def test_attack(attack: Attack, old_sandbox, pool):
     """old_passes: the old harness scored this wrong completion PASSED (a real hole); otherwise it already
     failed it (``note`` says why) and only the new harness's verdict is the point. The new one never passes."""
-    old, old_error = execute_old(attack.problem, attack.completion, old_sandbox)
+    old, old_error = execute_old(attack.problem, attack.completion, old_sandbox, OLD_SLOT)
     new = judge_one(pool, attack.problem, attack.completion)
     ROWS.append((attack.name, str(old), str(new.outcome), new.kind))
     if attack.old_passes:
@@ -524,8 +527,10 @@ PROBE = canonical("HumanEval/0") + textwrap.dedent('''\
     _libc.syscall.restype = _c.c_long
     if _libc.mq_open(b"/codemill_leak", _o.O_RDONLY) >= 0:
         _left.append("mqueue /codemill_leak")
-    if _o.uname().machine == "x86_64" and _libc.syscall(249, b"user", b"codemill_leak", None, 0) >= 0:
-        _left.append("key codemill_leak")  # request_key(2) searches the uid's keyrings
+    for _ring in (-4, -5):  # keyctl(KEYCTL_SEARCH, the uid's user / user-session keyring, "user", name)
+        if _o.uname().machine == "x86_64" and _libc.syscall(250, 10, _c.c_long(_ring), b"user", b"codemill_leak",
+                                                            0) >= 0:
+            _left.append("key codemill_leak in keyring " + str(_ring))
     if _left:
         raise RuntimeError("left by an earlier sample: " + repr(_left)[:300])
 ''')
@@ -536,7 +541,7 @@ LEAVE_STATE = WRONG + textwrap.dedent('''\
     import ctypes as _c
     import os as _o
 
-    for _d in ("/tmp", "/work", "/dev/shm", "/dev/mqueue"):
+    for _d in ("/tmp", "/work", "/dev/shm"):  # (/dev/mqueue holds only queues: one is made below)
         if _o.access(_d, _o.W_OK):
             with open(_d + "/.answers", "w") as _fh:
                 _fh.write("HumanEval/0: True False True False True True False")
@@ -553,10 +558,12 @@ LEAVE_STATE = WRONG + textwrap.dedent('''\
     _o.chdir("/work")
     _libc = _c.CDLL(None, use_errno=True)
     _libc.syscall.restype = _c.c_long
-    _libc.shmget(0x1234, 4096, 0o1666)  # IPC_CREAT | 0666
-    _libc.mq_open(b"/codemill_leak", _o.O_CREAT | _o.O_RDWR, 0o600, None)
-    if _o.uname().machine == "x86_64":
-        _libc.syscall(248, b"user", b"codemill_leak", b"answers", 7, _c.c_long(-4))  # add_key to the user keyring
+    _made = [_libc.shmget(0x1234, 4096, 0o1666),  # IPC_CREAT | 0666
+             _libc.mq_open(b"/codemill_leak", _o.O_CREAT | _o.O_RDWR, 0o600, None)]
+    if _o.uname().machine == "x86_64":  # add_key to the user keyring
+        _made.append(_libc.syscall(248, b"user", b"codemill_leak", b"answers", 7, _c.c_long(-4)))
+    if min(_made) < 0:  # everything above must really be there for the next sample to find
+        raise OSError("could not leave everything: " + repr(_made))
 ''')
 
 LINGER = body("""\
@@ -593,6 +600,9 @@ CROSS_SAMPLE = {
     "kill_every_process": body("import os, signal\nos.kill(-1, signal.SIGKILL)\nreturn False\n"),
     "fork_bomb": body("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"),
 }
+# How each attack itself ends under the judge harness ("failed": it loaded and did everything it meant to).
+CROSS_SAMPLE_KIND = {"lingering_process": "failed", "leave_files_ipc_keys_mqueues": "failed",
+                     "kill_every_process": "failed", "fork_bomb": "timed_out"}
 
 
 @pytest.mark.parametrize("name", list(CROSS_SAMPLE))
@@ -601,12 +611,13 @@ def test_cross_sample_attack_does_not_reach_the_next_sample(name, old_sandbox, p
     on the same slot, an honest wrong sample gets exactly its usual verdict, the probe finds nothing left, and
     the canonical solution passes."""
     attack = CROSS_SAMPLE[name]
-    old, _ = execute_old(H0, attack, old_sandbox)
+    old, _ = execute_old(H0, attack, old_sandbox, OLD_SLOT)
     attacked, wrong, probe, right = pool.judge_all([(H0, attack), (H0, WRONG_H0), (H0, PROBE),
                                                     (H0, canonical("HumanEval/0"))])
     ROWS.append((f"cross_sample:{name}", str(old), str(attacked.outcome), attacked.kind))
     assert old is not Outcome.PASSED
     assert not attacked.passed
+    assert CROSS_SAMPLE_KIND[name] in (None, attacked.kind), attacked
     assert (wrong.kind, wrong.error) == WRONG_H0_VERDICT and not wrong.passed
     assert probe.passed, probe.error
     assert right.passed, right
