@@ -54,7 +54,7 @@ MAX_TESTS_CHARS = 200_000
 # of the function steps after "functions_with_doctests" (a drop reason or "kept").
 FILE_STEPS = ("files", "files_without_examples", "file_too_large", "syntax_error", "files_parsed")
 FUNCTION_STEPS = ("functions_with_doctests", "not_top_level", "async_def", "bad_docstring", "no_body",
-                  "generator_function", "decorated", "not_self_contained", "non_stdlib_import",
+                  "generator_function", "returns_iterator", "decorated", "not_self_contained", "non_stdlib_import",
                   "uses_io_or_network", "no_checkable_example", "too_large", "duplicate", "kept")
 EXAMPLE_STEPS = ("examples_in_kept", "examples_dropped_in_kept", "test_cases")
 
@@ -434,6 +434,8 @@ def _make_problem(repo: str, path: str, lines: list[str], node: ast.FunctionDef,
         raise _Drop("no_body")
     if _is_generator(node):  # its result is an iterator, which cannot cross to the judge as plain data
         raise _Drop("generator_function")
+    if _returns_iterator(node):
+        raise _Drop("returns_iterator")
     doc_node = node.body[0]
     assert doc_node.end_lineno is not None and node.end_lineno is not None
     after_doc = lines[doc_node.end_lineno - 1].encode()[doc_node.end_col_offset or 0:].strip()
@@ -519,6 +521,32 @@ def _is_generator(node: ast.FunctionDef) -> bool:
     return False
 
 
+ITERATOR_BUILTINS = frozenset({"map", "filter", "zip", "iter", "reversed", "enumerate", "range"})
+
+
+def _returns_iterator(node: ast.FunctionDef) -> bool:
+    """Every ``return`` of the function gives a lazy iterator (``map(...)``, ``itertools.chain(...)``, ...)."""
+    returns: list[ast.Return] = []
+    stack: list[ast.AST] = list(node.body)
+    while stack:
+        sub = stack.pop()
+        if isinstance(sub, ast.Return):
+            returns.append(sub)
+        if not isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            stack.extend(ast.iter_child_nodes(sub))
+
+    def lazy(ret: ast.Return) -> bool:
+        call = ret.value
+        if not isinstance(call, ast.Call):
+            return False
+        func = call.func
+        if isinstance(func, ast.Name):
+            return func.id in ITERATOR_BUILTINS
+        return isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "itertools"
+
+    return bool(returns) and all(map(lazy, returns))
+
+
 def _dotted_name(expr: ast.expr, bindings: dict[str, _Binding]) -> str | None:
     chain: list[str] = []
     while isinstance(expr, ast.Attribute):
@@ -576,6 +604,72 @@ def _touched(tree: ast.AST, entry: str) -> set[str]:
     return out
 
 
+PLAIN_BUILTINS = frozenset({"list", "tuple", "dict", "set", "frozenset", "str", "int", "float", "bool", "bytes",
+                            "complex", "sorted", "len", "abs", "round", "min", "max", "sum", "repr", "chr", "ord",
+                            "hex", "oct", "bin", "divmod", "pow", "ascii", "format", "hash", "any", "all"})
+PLAIN_MODULE_CALLS = frozenset({"math", "cmath", "json", "textwrap", "unicodedata"})  # their lowercase functions
+PLAIN_CONSTANTS = frozenset({"math.pi", "math.e", "math.tau", "math.inf", "math.nan", "cmath.pi", "cmath.e",
+                             "sys.maxsize", "sys.maxunicode", "string.ascii_letters", "string.ascii_lowercase",
+                             "string.ascii_uppercase", "string.digits", "string.hexdigits", "string.octdigits",
+                             "string.punctuation", "string.printable", "string.whitespace"})
+_PLAIN_TYPES = (type(None), bool, int, float, complex, str, bytes)
+
+
+def _plain(expr: ast.expr, names: set[str], entry: str, scope: dict[str, _Binding]) -> bool:
+    """Whether ``expr`` surely evaluates to plain data (None/bool/int/float/complex/str/bytes and containers).
+
+    Conservative: False drops one example (an argument the harness could not pass), never a wrong problem."""
+    def plain(e: ast.expr | None) -> bool:
+        if e is None:
+            return True
+        if isinstance(e, ast.Constant):
+            return isinstance(e.value, _PLAIN_TYPES)
+        if isinstance(e, ast.Starred):
+            return plain(e.value)
+        if isinstance(e, (ast.List, ast.Tuple, ast.Set)):
+            return all(map(plain, e.elts))
+        if isinstance(e, ast.Dict):
+            return all(map(plain, e.keys)) and all(map(plain, e.values))
+        if isinstance(e, (ast.ListComp, ast.SetComp, ast.DictComp, ast.JoinedStr, ast.Compare)):
+            return True
+        if isinstance(e, ast.UnaryOp):
+            return plain(e.operand)
+        if isinstance(e, ast.BinOp):
+            return plain(e.left) and plain(e.right)
+        if isinstance(e, ast.BoolOp):
+            return all(map(plain, e.values))
+        if isinstance(e, ast.IfExp):
+            return plain(e.body) and plain(e.orelse)
+        if isinstance(e, ast.Name):
+            return e.id in names
+        if isinstance(e, ast.Subscript):
+            return plain(e.value)
+        dotted = _dotted_name(e.func if isinstance(e, ast.Call) else e, scope) if isinstance(
+            e, (ast.Call, ast.Attribute)) else None
+        if isinstance(e, ast.Attribute):
+            return dotted in PLAIN_CONSTANTS
+        if isinstance(e, ast.Call):
+            func = e.func
+            if isinstance(func, ast.Name) and (func.id == entry or (func.id in PLAIN_BUILTINS and func.id not in
+                                                                     names and func.id not in scope)):
+                return True
+            if isinstance(func, ast.Attribute) and isinstance(func.value, (ast.Constant, ast.JoinedStr)):
+                return isinstance(func.value, ast.JoinedStr) or isinstance(func.value.value, (str, bytes))
+            parts = dotted.split(".") if dotted else []
+            return len(parts) == 2 and parts[0] in PLAIN_MODULE_CALLS and parts[1][:1].islower()
+        return False
+
+    return plain(expr)
+
+
+def _unfenced(want: str) -> str:
+    """The expected output without a closing Markdown code fence that doctest would read as output."""
+    lines = want.splitlines(keepends=True)
+    if lines and lines[-1].strip().startswith("```"):
+        return "".join(lines[:-1])
+    return want
+
+
 def _keep_examples(raw: list[doctest.Example], entry: str,
                    bindings: dict[str, _Binding]) -> tuple[list[_Example], int, list[str]]:
     """Examples that only read the function, builtins, stdlib modules and earlier kept examples' names."""
@@ -584,6 +678,7 @@ def _keep_examples(raw: list[doctest.Example], entry: str,
     defined: set[str] = set()
     imported: dict[str, _Binding] = {}
     module_imports: list[str] = []
+    plain: set[str] = set()  # names earlier kept examples bound to plain data
     skip = doctest.OPTIONFLAGS_BY_NAME["SKIP"]
     for ex in raw:
         if ex.options.get(skip):  # doctest does not run it
@@ -619,14 +714,27 @@ def _keep_examples(raw: list[doctest.Example], entry: str,
             for name, use in _dotted_uses(tree, set(scope) - {entry}):
                 if io_reason(_canonical(scope[name], use)):
                     raise _Drop(use)
+            for call in ast.walk(tree):  # arguments cross to the candidate as plain data only
+                args = [*call.args, *(k.value for k in call.keywords)] if isinstance(call, ast.Call) else []
+                if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == entry and \
+                        not all(_plain(a, plain, entry, scope) for a in args):
+                    raise _Drop("an argument that is not plain data")
+                if isinstance(call, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and any(
+                        entry in {n.id for n in ast.walk(d) if isinstance(n, ast.Name)} for d in call.decorator_list):
+                    raise _Drop("the function used as a decorator")
         except (_Drop, SyntaxError, ValueError, RecursionError, MemoryError):
             dropped += 1
             continue
         options = {_FLAG_NAMES[k]: v for k, v in ex.options.items() if k in _FLAG_NAMES}
         body = tree.body
-        kept.append(_Example(ex.source, ex.want, ex.exc_msg, options, ex.lineno, loads, stores, _touched(tree, entry),
-                             len(body) == 1 and isinstance(body[-1], ast.Expr)))
+        kept.append(_Example(ex.source, _unfenced(ex.want), ex.exc_msg, options, ex.lineno, loads, stores,
+                             _touched(tree, entry), len(body) == 1 and isinstance(body[-1], ast.Expr)))
         defined |= stores
+        plain -= stores
+        for stmt in body:
+            if isinstance(stmt, ast.Assign) and all(isinstance(t, ast.Name) for t in stmt.targets) \
+                    and _plain(stmt.value, plain, entry, scope):
+                plain.update(t.id for t in stmt.targets if isinstance(t, ast.Name))
         imported.update(own)
         module_imports.extend(extra)
     return kept, dropped, module_imports

@@ -456,3 +456,67 @@ def test_future_annotations_and_annotation_names() -> None:
 ])
 def test_io_reason(dotted: str, bad: bool) -> None:
     assert (io_reason(dotted) is not None) is bad
+
+
+def test_examples_whose_arguments_cannot_cross_as_plain_data_are_dropped() -> None:
+    src = textwrap.dedent('''\
+        import itertools
+        from decimal import Decimal
+
+
+        def apply(xs, key=None):
+            """
+            >>> apply([3, 1, 2])
+            [1, 2, 3]
+            >>> apply(range(3))
+            [0, 1, 2]
+            >>> apply([2, 1], key=lambda x: -x)
+            [2, 1]
+            >>> apply([Decimal(1)])
+            [Decimal('1')]
+            >>> apply(x for x in [1])
+            [1]
+            >>> pairs = {"b": 1, "a": 2}
+            >>> apply(list(pairs))
+            ['a', 'b']
+            >>> gen = iter([1])
+            >>> apply(gen)
+            [1]
+            >>> @apply
+            ... def g(): pass
+            >>> apply([math.floor(2.5), "a b".split()[0] * 2, -1 + 2, "x"[0]])  # doctest: +SKIP
+            """
+            return sorted(xs, key=key)
+
+
+        def lazy(xs):
+            """
+            >>> list(lazy([1]))
+            [1]
+            """
+            if xs:
+                return map(abs, xs)
+            return itertools.chain(xs)
+
+
+        def fenced(n):
+            """
+            ```python
+            >>> fenced(2)
+            4
+            ```
+            """
+            return n * n
+        ''')
+    problems, counts = _mine(src)
+    found = _by_entry(problems)
+    assert sorted(found) == ["apply", "fenced"]
+    assert counts["returns_iterator"] == 1
+    apply = found["apply"]
+    assert len(apply.test_cases) == 2  # the plain list, and `list(pairs)` (its names are plain data)
+    examples = apply.tests[apply.tests.index("_EXAMPLES = "):]
+    assert "lambda" not in examples and "range" not in examples and "Decimal" not in examples
+    assert "iter([1])" not in examples and "@apply" not in examples
+    assert _judge(apply) == (True, 1.0)
+    assert "```" not in found["fenced"].tests  # the closing fence is not expected output
+    assert _judge(found["fenced"]) == (True, 1.0)
