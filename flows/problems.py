@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from prefect import flow, get_run_logger
+from prefect.artifacts import create_table_artifact
 from prefect.runtime import flow_run
 
 from codemill import tags as T
@@ -60,6 +61,11 @@ def problems(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:  # no
         raise
     lineage.tag(parent, {**{T.stage_status(k): v.status for k, v in stages.items()},
                          **{T.stage_digest(k): v.ref.digest for k, v in stages.items()}})
+    counts = stages["problems"].summary["by_source"]
+    create_table_artifact([{"source": name, **{k: v for k, v in c.items() if k != "mining"}}
+                           for name, c in counts.items()], key="problems-stats",
+                          description="problems: read, malformed, reference failed, unverified, duplicate, "
+                                      "contaminated, kept, train/val per source")
     for name, st in stages.items():
         logger.info("%-9s %-8s %s", name, st.status, st.ref.uri)
     return flow_result(lineage, parent, config, stages, None, None)
