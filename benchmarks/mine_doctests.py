@@ -74,10 +74,14 @@ def verify(problems: list[ExecProblem], workers: int) -> tuple[list[bool], colle
 
 def _reason(error: str) -> str:
     """A short failure category from the judge's error text."""
-    for key in ("not plain data", "Expected:", "Exception raised", "NameError", "TypeError", "ImportError",
-                "ModuleNotFoundError", "AttributeError", "RecursionError", "MemoryError"):
+    categories = [("result is not plain data", "result not plain data"),
+                  ("argument that is not plain data", "an argument not plain data"),
+                  ("Got nothing", "printed output only"), ("Expected:", "output differs"),
+                  ("Exception raised", "unexpected exception"), ("ImportError", "import error"),
+                  ("wall-clock", "timed out")]
+    for key, label in categories:
         if key in error:
-            return key
+            return label
     return error[:60]
 
 

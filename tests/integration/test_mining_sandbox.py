@@ -11,6 +11,7 @@ from codemill.evals.problems import ExecProblem
 
 SOURCE = '''\
 import math
+from fractions import Fraction
 
 
 def clamp(x, lo=0, hi=10):
@@ -51,13 +52,13 @@ def stats(xs):
     return {"mean": math.fsum(xs) / len(xs), "max": max(xs)}
 
 
-def squares(n):
-    """The result is a map object: not plain data, so the reference cannot pass.
+def halves(n):
+    """The result is a Fraction: not plain data, so the reference cannot pass.
 
-    >>> list(squares(3))
-    [0, 1, 4]
+    >>> halves(3)
+    Fraction(3, 2)
     """
-    return map(lambda i: i * i, range(n))
+    return Fraction(n, 2)
 
 
 def loud(x):
@@ -94,7 +95,7 @@ def test_references_verify_and_wrong_completions_fail(problems: dict[str, ExecPr
     items = [
         (clamp, clamp.reference_solution or ""),
         (stats, stats.reference_solution or ""),
-        (problems["squares"], problems["squares"].reference_solution or ""),
+        (problems["halves"], problems["halves"].reference_solution or ""),
         (problems["loud"], problems["loud"].reference_solution or ""),
         (clamp, "    return x\n"),  # ignores the bounds and never raises: only clamp(5) passes
         (clamp, "    return max(lo, min(hi, x))\n"),  # no exception: three of four
