@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from codemill.evals.mining import FUNCTION_STEPS, io_reason, mine_doctest_problems
+from codemill.evals.mining import FILE_STEPS, FUNCTION_STEPS, io_reason, mine_doctest_problems
 from codemill.evals.problems import ExecProblem
 
 GOOD = '''\
@@ -316,8 +316,9 @@ def test_what_is_dropped_and_why() -> None:
     assert counts["not_top_level"] == 1  # the method
     assert counts["files"] == counts["files_parsed"] == 2
     assert counts["kept"] == 3
-    # every function with doctests ends in exactly one step
+    # every file and every function with doctests ends in exactly one step
     assert sum(counts[s] for s in FUNCTION_STEPS[1:]) == counts["functions_with_doctests"]
+    assert sum(counts[s] for s in FILE_STEPS[1:]) == counts["files"]
     assert list(counts)[:3] == ["files", "files_without_examples", "file_too_large"]
 
 
@@ -336,6 +337,7 @@ def test_bad_files_are_counted_not_raised() -> None:
     assert counts["file_too_large"] == 1
     assert counts["syntax_error"] == 3
     assert counts["bad_docstring"] == 1
+    assert sum(counts[s] for s in FILE_STEPS[1:]) == counts["files"]
 
 
 def test_doctest_semantics_exceptions_ellipsis_whitespace_skip() -> None:
@@ -520,3 +522,37 @@ def test_examples_whose_arguments_cannot_cross_as_plain_data_are_dropped() -> No
     assert _judge(apply) == (True, 1.0)
     assert "```" not in found["fenced"].tests  # the closing fence is not expected output
     assert _judge(found["fenced"]) == (True, 1.0)
+
+
+def test_outputs_whose_order_depends_on_the_hash_seed_are_dropped() -> None:
+    src = textwrap.dedent('''\
+        def letters(text):
+            """
+            >>> letters("abca")
+            {'a', 'b', 'c'}
+            >>> sorted(letters("abca"))
+            ['a', 'b', 'c']
+            >>> len(letters("xyz"))
+            3
+            >>> {k: 1 for k in sorted(letters("ba"))}
+            {'a': 1, 'b': 1}
+            """
+            return set(text)
+        ''')
+    (p,), counts = _mine(src)
+    assert counts["examples_dropped_in_kept"] == 1 and len(p.test_cases) == 3
+    assert "{'a', 'b', 'c'}" not in p.tests
+
+
+def test_an_unexpected_miner_failure_is_counted_not_raised(monkeypatch: pytest.MonkeyPatch) -> None:
+    import codemill.evals.mining as mining
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise KeyError("surprise")
+
+    monkeypatch.setattr(mining, "_make_problem", broken)
+    problems, counts = _mine(SEMANTICS)
+    assert problems == [] and counts["miner_error"] == 1
+    monkeypatch.setattr(mining, "_module_imports", broken)
+    problems, counts = _mine(SEMANTICS)
+    assert problems == [] and counts["miner_error_files"] == 1 and counts["files_parsed"] == 0
