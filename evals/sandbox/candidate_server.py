@@ -57,7 +57,7 @@ def run_child(fds, msg):
     sys.stdin = NoInput()
     # Empty globals, as the reference harness's exec(program, {}): ``__name__`` is then builtins' ("builtins"),
     # so an ``if __name__ == "__main__":`` block in a completion does not run, there as here.
-    namespace = {}
+    namespace: dict = {}
     try:
         exec(compile(msg["source"], "<candidate>", "exec"), namespace)
         fn = namespace[msg["entry"]]

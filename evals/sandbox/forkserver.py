@@ -99,7 +99,8 @@ def _wipe(path):
         if home is not None:
             os.close(home)
         return
-    entered, stuck = [], [set()]  # the folders entered below path; per level, those that would not go
+    entered: list[str] = []  # the folders entered below path
+    stuck: list[set[str]] = [set()]  # per level, the folders that would not go
     try:
         while True:
             sub = None

