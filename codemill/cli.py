@@ -118,6 +118,34 @@ def run(config: ConfigOpt = None, source: SourceOpt = None, preset: PresetOpt = 
 
 
 @app.command()
+def calibrate(config: ConfigOpt = None, source: SourceOpt = None, preset: PresetOpt = None, store: StoreOpt = None,
+              seeds: Annotated[int, typer.Option(min=2, help="Seeds in the calibration; trainings of this config "
+                                                            "already in the store count.")] = 5,
+              as_json: AsJson = False) -> None:
+    """Train N seeds of one config (data stages cached), evaluate each, and store the between-seed noise of
+    every metric; the gate adds it when a model of this config is the champion. Prints per metric the seed
+    SD, the item-level SE and the minimum detectable effect at 80% power."""
+    cfg = build_config(config, preset, source, store)
+    _prefect_defaults(cfg)
+    from codemill.flows.calibrate import calibrate as calibrate_flow
+    from codemill.flows.common import with_task_runner
+    from codemill.report import calibration_lines
+
+    t0 = time.perf_counter()
+    with _progress():
+        out = with_task_runner(calibrate_flow, cfg)(config=cfg, seeds=seeds)
+    if as_json:
+        import json
+
+        typer.echo(json.dumps(out, indent=2, default=str))
+        return
+    from rich.text import Text
+
+    for line in calibration_lines(out, time.perf_counter() - t0):
+        console.print(Text(line))
+
+
+@app.command()
 def plan(config: ConfigOpt = None, source: SourceOpt = None, preset: PresetOpt = None, store: StoreOpt = None,
          until: UntilOpt = "evaluate", as_json: AsJson = False) -> None:
     """Dry run: every stage with its digest, where its artifact lives, and whether it would run or be skipped.

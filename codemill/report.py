@@ -30,15 +30,20 @@ def eval_report_markdown(title: str, scores: Mapping[str, float], gate: Mapping[
         lines += ["Gate: not run.", ""]
     lines += [f"- {name}: {url}" for name, url in links.items()]
     if costs:
-        from codemill.cost import cost_line, total
-
-        ran = {k: c for k, (status, c) in costs.items() if status == "ran"}
-        spent = total(ran)
-        lines += ["", "## Cost per stage", "", "```"]
-        lines += [cost_line(stage, status, cost) for stage, (status, cost) in costs.items()]
-        lines += [f"{'total':<18} {'':<8} wall {spent['wall_s']:7.1f} s  CPU {spent['cpu_s']:7.1f} s  "
-                  f"GPU {spent['gpu_s']:6.1f} s", "```"]
+        lines += ["", *cost_section(costs)]
     return "\n".join(lines)
+
+
+def cost_section(costs: Mapping[str, tuple[str, Mapping[str, float]]]) -> list[str]:
+    """"## Cost per stage": one line per stage (wall, CPU-seconds, GPU-seconds; skipped ones cost nothing) and
+    the run's total, as a code block so the columns line up."""
+    from codemill.cost import cost_line, total
+
+    spent = total({k: c for k, (status, c) in costs.items() if status == "ran"})
+    return ["## Cost per stage", "", "```", *(cost_line(stage, status, cost) for stage, (status, cost) in
+                                            costs.items()),
+            f"{'total':<18} {'':<8} wall {spent['wall_s']:7.1f} s  CPU {spent['cpu_s']:7.1f} s  "
+            f"GPU {spent['gpu_s']:6.1f} s", "```"]
 
 
 def gate_noise_table(gate: Mapping[str, Any]) -> list[str]:
@@ -66,14 +71,14 @@ LOG_WIDTH = 80
 
 
 def metric_lines(m: Mapping[str, Any], a: str = "candidate", b: str = "champion") -> list[str]:
-    """One gate metric as four lines under 80 columns (for logs and terminals; --json has everything)."""
+    """One gate metric as six lines under 80 columns (for logs and terminals; --json has everything)."""
     seed = (f"seed SD {m['seed_sd']:.4f} ({m['n_seeds']} seeds)" if m.get("calibrated")
             else f"uncalibrated (hold below {m.get('hold_margin', 0.0):g})")
     df = f"   df {m['df']:.1f}" if m.get("df") else ""
     return [f"{m['metric']} (+ = {a} better)",
-            f"  {a} {m['candidate']:.4f}   {b} {m['champion']:.4f}   diff {m['diff']:+.4f}   "
-            f"95% CI [{m['ci_low']:+.4f}, {m['ci_high']:+.4f}]",
-            f"  SE item {m.get('se_item', m['se']):.4f}   {seed}   SE total {m['se']:.4f}{df}",
+            f"  {a} {m['candidate']:.4f}   {b} {m['champion']:.4f}   diff {m['diff']:+.4f}",
+            f"  95% CI [{m['ci_low']:+.4f}, {m['ci_high']:+.4f}]   SE total {m['se']:.4f}{df}",
+            f"  SE item {m.get('se_item', m['se']):.4f}   {seed}",
             f"  p worse {m['p_regression']:.3g} (Holm {m['p_regression_holm']:.3g})   p better "
             f"{m['p_improvement']:.3g} (Holm {m['p_improvement_holm']:.3g})",
             f"  MDE (80% power) better {m.get('mde', 0.0):.4f}, worse {m.get('mde_worse', 0.0):.4f}   "
@@ -99,14 +104,14 @@ def summary_lines(out: Mapping[str, Any], wall_s: float) -> list[str]:
     """The run summary for an 80-column log: one line per stage (status, cost, artifact), the scores, the
     gate with each metric's noise, where to look."""
     lines = [f"codemill finished in {wall_s:.1f}s", "",
-             f"{'stage':<16}{'status':<10}{'wall s':>8}{'CPU s':>8}{'GPU s':>7}  artifact"]
+             f"{'stage':<16}{'status':<10}{'wall s':>8}{'CPU s':>8}{'GPU s':>7}  artifact (in the store)"]
     for name, st in out["stages"].items():
         status = {"cached": "cached", "present": "in store"}.get(st["status"], "ran")
         cost = (st.get("cost") or {}) if status == "ran" else {}
         nums = "".join(f"{cost[k]:>{w}.1f}" if k in cost else f"{'-':>{w}}"
                        for k, w in (("wall_s", 8), ("cpu_s", 8), ("gpu_s", 7)))
         ref = st["ref"]
-        lines.append(f"{name[:15]:<16}{status:<10}{nums}  {ref['stage']}/{ref['name']}-{ref['digest'][:12]}")
+        lines.append(f"{name[:15]:<16}{status:<10}{nums}  {ref['name']}-{ref['digest'][:12]}")
     s = out["scores"]
     lines.append("")
     for key in sorted(k for k in s if "_ci_" not in k):
@@ -118,6 +123,25 @@ def summary_lines(out: Mapping[str, Any], wall_s: float) -> list[str]:
                                      f"version {g['champion_version']}", LOG_WIDTH, subsequent_indent="  ")]
         for m in g.get("metrics") or []:
             lines += metric_lines(m)
+    return lines
+
+
+def calibration_lines(out: Mapping[str, Any], wall_s: float) -> list[str]:
+    """``codemill calibrate`` for an 80-column log: per metric the seed SD, item SE, SE of a comparison and
+    the MDE at 80% power, then the cost of each stage."""
+    from codemill.cost import cost_line
+
+    lines = [f"codemill calibrate finished in {wall_s:.1f}s: config {out['config_key'][:12]}, "
+             f"seeds {out['seeds']}", *textwrap.wrap(f"artifact: {out['calibration']}", LOG_WIDTH), "",
+             f"{'metric':<27}{'seed SD':>9}{'item SE':>9}{'SE cmp':>9}{'MDE +':>9}{'MDE -':>9}"]
+    for r in out["metrics"]:
+        lines.append(f"{r['metric'][:26]:<27}{r['seed_sd']:>9.4f}{r['item_se']:>9.4f}{r['se_total']:>9.4f}"
+                     f"{r['mde_better']:>9.4f}{r['mde_worse']:>9.4f}")
+    lines += ["SE cmp = sqrt(item SE^2 + 2 seed SD^2): a comparison of two trainings; MDE +/-: the",
+              f"smallest improvement / regression the gate detects with 80% power (alpha {out['alpha']}).", "",
+              "cost:"]
+    lines += [cost_line(k, st["status"], st.get("cost")) for k, st in out["stages"].items()]
+    lines.append(f"registered model {out['registered_model']}; MLflow run {out['parent_run_id']}")
     return lines
 
 

@@ -43,6 +43,11 @@ def task_runner_for(config: PipelineConfig) -> TaskRunner | None:
     return RayTaskRunner(address=address, init_kwargs=dict(config.ray_init))
 
 
+def on_ray() -> bool:
+    """Whether the running flow's task runner is a RayTaskRunner (its ``.submit()`` calls go to Ray)."""
+    return _on_ray()
+
+
 def _on_ray() -> bool:
     ctx = FlowRunContext.get()
     if ctx is None:

@@ -145,7 +145,7 @@ def test_compare_table_and_reverse(lineage_runs):
     assert "…" not in res.output and "uncalibrated" in res.output
     for m in forward["metrics"]:
         start = next(i for i, ln in enumerate(lines) if ln.startswith(m["metric"] + " (+ = a better)"))
-        block = "\n".join(lines[start:start + 5])
+        block = "\n".join(lines[start:start + 6])
         assert f"diff {-m['diff'] + 0.0:+.4f}" in block and f"items {m['n_items']}," in block, block
     bad = _cli(lineage_runs, "compare", first["model_id"], "m-0123456789abcdef")
     assert bad.exit_code == 2, (bad.exit_code, bad.output)
