@@ -180,6 +180,7 @@ class _Example:
     stores: set[str]
     touches: set[str]
     is_expression: bool
+    uses_entry: bool = False  # the function is called or passed on (not only ``f.__name__``)
 
     def as_data(self) -> tuple[str, str, str | None, dict[str, bool], int]:
         return (self.source, self.want, self.exc_msg, self.options, self.lineno)
@@ -675,6 +676,12 @@ def _plain(expr: ast.expr, names: set[str], entry: str, scope: dict[str, _Bindin
 _STRING_SET = re.compile(r"""\{\s*b?(['"])(?:(?!\1).)*\1\s*,""")
 
 
+def _uses(tree: ast.AST, entry: str) -> bool:
+    """The example calls the function or passes it on; reading an attribute of it (``f.__doc__``) is not a use."""
+    attribute_bases = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    return any(isinstance(n, ast.Name) and n.id == entry and id(n) not in attribute_bases for n in ast.walk(tree))
+
+
 def _unfenced(want: str) -> str:
     """The expected output without a closing Markdown code fence that doctest would read as output."""
     lines = want.splitlines(keepends=True)
@@ -741,7 +748,8 @@ def _keep_examples(raw: list[doctest.Example], entry: str,
         options = {_FLAG_NAMES[k]: v for k, v in ex.options.items() if k in _FLAG_NAMES}
         body = tree.body
         kept.append(_Example(ex.source, _unfenced(ex.want), ex.exc_msg, options, ex.lineno, loads, stores,
-                             _touched(tree, entry), len(body) == 1 and isinstance(body[-1], ast.Expr)))
+                             _touched(tree, entry), len(body) == 1 and isinstance(body[-1], ast.Expr),
+                             _uses(tree, entry)))
         defined |= stores
         plain -= stores
         for stmt in body:
@@ -769,7 +777,7 @@ def _test_groups(examples: list[_Example], entry: str) -> list[list[int]]:
         if not checks:
             continue
         producers = _closure(examples, i, bound, touching=False)
-        if any(entry in examples[k].loads for k in producers):
+        if any(examples[k].uses_entry for k in producers):
             groups.append(sorted(_closure(examples, i, bound, touching=True)))
     return groups
 

@@ -556,3 +556,27 @@ def test_an_unexpected_miner_failure_is_counted_not_raised(monkeypatch: pytest.M
     monkeypatch.setattr(mining, "_module_imports", broken)
     problems, counts = _mine(SEMANTICS)
     assert problems == [] and counts["miner_error_files"] == 1 and counts["files_parsed"] == 0
+
+
+def test_an_example_that_only_reads_an_attribute_of_the_function_does_not_check_it() -> None:
+    src = textwrap.dedent('''\
+        def named(x):
+            """
+            >>> named.__name__
+            'named'
+            """
+            return x
+
+
+        def both(x):
+            """
+            >>> both.__doc__ is None
+            False
+            >>> both(2)
+            2
+            """
+            return x
+        ''')
+    problems, counts = _mine(src)
+    assert [p.entry_point for p in problems] == ["both"] and counts["no_checkable_example"] == 1
+    assert len(problems[0].test_cases) == 1
