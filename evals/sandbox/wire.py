@@ -8,11 +8,14 @@ int, float, complex, str, bytes, and list/tuple/dict/set/frozenset of these, eac
 subclass of ``int`` with an always-true ``__eq__`` is refused when encoding, and cannot be produced by
 decoding). JSON gives null/bool/int/float/str/list natively; every JSON object is one tag:
 ``{"t": [...]}`` tuple, ``{"d": [[k, v], ...]}`` dict, ``{"s": [...]}`` set, ``{"f": [...]}`` frozenset,
-``{"b": "hex"}`` bytes, ``{"c": [re, im]}`` complex. Decoding validates every node; anything else is
-``BadData``. No pickle, no marshal, no eval: nothing in a frame can name code.
+``{"b": "hex"}`` bytes, ``{"c": [re, im]}`` complex, ``{"i": "hex"}`` an int too long for a JSON number
+(Python refuses decimal conversions of ints over 4300 digits; hex has no such limit and is linear). Decoding
+validates every node; anything else is ``BadData``. No pickle, no marshal, no eval: nothing in a frame can
+name code.
 """
 
 import json
+import re
 import socket
 import struct
 import time
@@ -36,6 +39,8 @@ class ChannelTimeout(Exception):
 
 # --- plain-data codec ------------------------------------------------------------------------------------
 _SCALARS = (type(None), bool, int, float, str)
+BIG_INT_BITS = 13000  # about 3900 decimal digits: below the interpreter's 4300-digit limit for str(int)
+_HEX_INT = re.compile(r"-?[0-9a-f]+")
 
 
 def to_plain(value, depth=0):
@@ -43,6 +48,8 @@ def to_plain(value, depth=0):
     if depth > 200:
         raise TypeError("value nests deeper than 200 levels")
     kind = type(value)
+    if kind is int and value.bit_length() > BIG_INT_BITS:
+        return {"i": format(value, "x")}
     if kind in _SCALARS:
         return value
     if kind is list:
@@ -77,6 +84,8 @@ def from_plain(node, depth=0):
     try:
         if tag == "b" and type(body) is str:
             return bytes.fromhex(body)
+        if tag == "i" and type(body) is str and _HEX_INT.fullmatch(body):
+            return int(body, 16)
         if type(body) is not list:
             raise BadData(f"tag {tag!r} needs a list")
         if tag == "t":

