@@ -17,8 +17,8 @@ A problem is the function cut in two, exactly as HumanEval composes prompt + com
   ``DocTestRunner`` and ``OutputChecker`` in a fresh namespace where the entry-point name is the candidate,
   so ``ELLIPSIS``/``NORMALIZE_WHITESPACE`` directives, expected exceptions and printed output keep their
   doctest meaning;
-* ``test_cases`` = one self-contained snippet per checking example, carrying the earlier examples it
-  depends on (the ones that bind or touch the names it reads), for partial credit.
+* ``test_cases`` = one self-contained snippet per checking example whose value comes from the function,
+  carrying the earlier examples that bind or may change the names it reads, for partial credit.
 
 Self-contained means every free name of the function (found with ``symtable``, so scoping is Python's own)
 is a builtin, one of its own parameters or locals, or a module-level import of a standard-library module
@@ -27,7 +27,12 @@ module has ``from __future__ import annotations``) obey the same rule. A static 
 the function uses drops network, files, processes and the environment (``socket``, ``urllib``,
 ``subprocess``, ``os`` except its pure path and constant helpers, ``pathlib``, ``open()``, ...). Examples
 that read names other than the function, builtins, stdlib modules and what earlier kept examples bound are
-dropped one by one; a function left without an example that calls it and checks something is dropped.
+dropped one by one, and so are examples the harness cannot run as doctest meant them: ``+SKIP``, arguments
+that are not plain data (lambdas, ranges, iterators, objects: the candidate is called across a process
+boundary), the function used as a decorator, output showing a set of strings (its order varies with the hash
+seed). A closing Markdown code fence is not taken as expected output. A function left without an example that
+calls it and checks something is dropped; so are generator functions and functions that only return lazy
+iterators (their result cannot cross the boundary).
 
 Nothing here raises on bad input: a file that does not parse, an odd docstring or a huge file is counted.
 """
@@ -266,8 +271,7 @@ def _mine_module(repo: str, path: str, text: str, tree: ast.Module,
         try:
             raw = doctest.DocTestParser().get_examples(doc)
         except Exception:  # inconsistent indentation and the like: doctest itself would refuse it
-            if id(node) in top_level:
-                yield _Drop("bad_docstring")
+            yield _Drop("bad_docstring")
             continue
         if not raw:
             continue
