@@ -485,7 +485,7 @@ def _make_problem(repo: str, path: str, lines: list[str], node: ast.FunctionDef,
         if not binding.stdlib:
             raise _Drop("non_stdlib_import", binding.dotted)
     # calls of builtins that reach files or the terminal
-    for name in used:
+    for name in used | deftime:
         if name in IO_BUILTINS and name not in module_bound:
             raise _Drop("uses_io_or_network", name)
     scope = {**{n: bindings[n] for n in needed}, **local}
