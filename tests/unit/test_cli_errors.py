@@ -13,7 +13,8 @@ from typer.testing import CliRunner
 from codemill.cli import app
 
 # Every command that loads a config, with the arguments it needs besides the config options.
-COMMANDS = [["run"], ["plan"], ["evaluate", "m-0123"], ["lineage", "m-0123"], ["compare", "m-0123", "m-4567"]]
+COMMANDS = [["run"], ["plan"], ["calibrate"], ["evaluate", "m-0123"], ["lineage", "m-0123"],
+            ["compare", "m-0123", "m-4567"]]
 
 
 def _invoke(args: list[str]):
