@@ -4,7 +4,7 @@ every kept reference solution in the real sandbox (JudgePool).
 Prints the counts per mining step for each source, how many references pass verification (and why the others
 fail), the time each part took, and five sample problems.
 
-    python -m benchmarks.mine_doctests [--workers N] [--limit N] [--no-verify] [--samples 5]
+    python -m benchmarks.mine_doctests [--workers N] [--site-packages DIR] [--no-verify] [--show-failures N]
 """
 
 from __future__ import annotations
