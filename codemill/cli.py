@@ -363,11 +363,12 @@ def _show(build, render, as_json: bool) -> None:
     """Print what ``build`` returns (rendered, or as JSON); a lineage error is a clean exit code 2."""
     import json
 
+    from codemill.lineage import TrackingAccessDenied
     from codemill.lineage_read import LineageError
 
     try:
         result = build()
-    except LineageError as e:
+    except (LineageError, TrackingAccessDenied) as e:
         console.print(f"[red]error:[/] {e}")
         raise typer.Exit(2) from e
     if as_json:
@@ -393,6 +394,35 @@ def serve(
     from codemill.flows.serve import serve as serve_deployments
 
     serve_deployments(prefect_file or DEFAULT_PREFECT_FILE, timezone, limit)
+
+
+@app.command("mlflow-identities")
+def mlflow_identities(
+    tracking_uri: Annotated[str | None, typer.Option(help="The MLflow server (default: $MLFLOW_TRACKING_URI).")] = None,
+    experiment: Annotated[list[str] | None, typer.Option(
+        help="Experiment (a config's `name`) the admin creates first, so no other identity owns it; repeatable. "
+             "Its registered model (same name) too.")] = None,
+) -> None:
+    """Create or update codemill's MLflow identities on a basic-auth server; run as its admin
+    (MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD). `pipeline` (password from
+    CODEMILL_MLFLOW_PIPELINE_PASSWORD) may write runs, models and the alias; `reader`
+    (CODEMILL_MLFLOW_READER_PASSWORD) may read. Rerun with new passwords to rotate them."""
+    from codemill.lineage import PIPELINE_USER, READER_USER, TrackingAccessDenied, provision_identities
+
+    uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+    env = {PIPELINE_USER: "CODEMILL_MLFLOW_PIPELINE_PASSWORD", READER_USER: "CODEMILL_MLFLOW_READER_PASSWORD"}
+    passwords = {user: os.environ.get(var, "") for user, var in env.items()}
+    missing = [env[u] for u, p in passwords.items() if not p]
+    if not uri or missing:
+        console.print(f"[red]error:[/] set {', '.join(missing) or 'MLFLOW_TRACKING_URI or --tracking-uri'}")
+        raise typer.Exit(2)
+    try:
+        done = provision_identities(uri, passwords, experiment or [], experiment or [])
+    except TrackingAccessDenied as e:
+        console.print(f"[red]error:[/] {e}")
+        raise typer.Exit(2) from e
+    for line in done:
+        console.print(line)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
 from codemill import tags as T
+from codemill.lineage import guarded_client
 
 
 class LineageError(LookupError):
@@ -20,7 +21,7 @@ class LineageReader:
 
     def __init__(self, tracking_uri: str) -> None:
         self.tracking_uri = tracking_uri
-        self.client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+        self.client: MlflowClient = guarded_client(tracking_uri)  # 401/403 raise TrackingAccessDenied
 
     def experiment_ids(self) -> list[str]:
         return [e.experiment_id for e in self.client.search_experiments()]

@@ -22,14 +22,18 @@ from prefect.utilities.templating import apply_values, find_placeholders
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deployments"
-MANIFESTS = sorted([*DEPLOY.glob("k8s/*.yaml"), *DEPLOY.glob("mlflow/*.yaml")])
+MANIFESTS = sorted([*DEPLOY.glob("k8s/*.yaml"), *DEPLOY.glob("mlflow/*.yaml"), *DEPLOY.glob("prefect/*.yaml")])
+SECRETS = DEPLOY / "mlflow" / "secrets.example.yaml"
 TEMPLATE = DEPLOY / "k8s" / "base-job-template.json"
 
 # apiVersion/kind -> client model. Only kinds the deployment files use; an unknown kind fails the test.
 KINDS = {("v1", "Service"): k8s.V1Service, ("v1", "Secret"): k8s.V1Secret,
          ("v1", "PersistentVolumeClaim"): k8s.V1PersistentVolumeClaim, ("v1", "ConfigMap"): k8s.V1ConfigMap,
          ("apps/v1", "Deployment"): k8s.V1Deployment, ("apps/v1", "StatefulSet"): k8s.V1StatefulSet,
-         ("batch/v1", "Job"): k8s.V1Job}
+         ("batch/v1", "Job"): k8s.V1Job, ("v1", "ServiceAccount"): k8s.V1ServiceAccount,
+         ("rbac.authorization.k8s.io/v1", "Role"): k8s.V1Role,
+         ("rbac.authorization.k8s.io/v1", "RoleBinding"): k8s.V1RoleBinding,
+         ("networking.k8s.io/v1", "NetworkPolicy"): k8s.V1NetworkPolicy}
 QUANTITY_MAPS = {"limits", "requests", "capacity"}  # resource quantities: the API takes numbers or strings
 SCALARS = {"str": (str,), "int": (int,), "float": (int, float), "bool": (bool,)}
 _DUMMY = object()
@@ -98,7 +102,8 @@ def load_objects(path: Path) -> list[dict]:
 def test_manifests_exist():
     names = {p.relative_to(DEPLOY).as_posix() for p in MANIFESTS}
     assert {"mlflow/mlflow.yaml", "mlflow/postgres.yaml", "mlflow/secrets.example.yaml",
-            "k8s/torchrun-multinode.yaml"} <= names
+            "mlflow/identities-job.yaml", "prefect/server.yaml", "prefect/worker.yaml",
+            "k8s/network-policies.yaml", "k8s/torchrun-multinode.yaml"} <= names
 
 
 @pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.relative_to(DEPLOY).as_posix())
@@ -207,7 +212,7 @@ def test_image_home_matches_prefect_pull_step():
     assert re.search(r"^ENV CODEMILL_HOME=/opt/codemill\b", dockerfile, re.M)
     assert re.search(r"^WORKDIR /opt/codemill$", dockerfile, re.M)
     assert re.search(r"^USER [1-9][0-9]*$", dockerfile, re.M)  # a non-root uid, numeric (hadolint DL3066)
-    assert ".[s3,gpu]" in dockerfile
+    assert ".[s3,gpu,auth]" in dockerfile  # auth: MLflow's basic-auth app (Flask-WTF)
 
 
 def _hadolint(path: Path, config: Path) -> subprocess.CompletedProcess:
