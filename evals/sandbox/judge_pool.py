@@ -29,9 +29,11 @@ from codemill.evals.problems import ExecProblem
 from codemill.evals.sandbox.limits import Limits
 from codemill.evals.sandbox.runner import Outcome, Sandbox, SandboxUnavailable
 from codemill.evals.sandbox.servers import Server, ServerDied
+from codemill.evals.sandbox.uids import LEASES, NoFreeUid
 from codemill.evals.sandbox.wire import BadData, ChannelClosed, ChannelTimeout, recv_frame
 
 VERDICT_GRACE_S = 0.5
+START_ATTEMPTS = 3
 
 
 @dataclass(frozen=True)
@@ -62,9 +64,13 @@ class Judged:
 
 
 class _Slot:
-    def __init__(self, sandbox: Sandbox, index: int) -> None:
-        self.sandbox, self.index = sandbox, index
+    """One worker's pair of servers. Each role has a uid of its own, leased for the slot's life, so no other
+    slot, pool or process on the machine runs sandboxed code as it (shared process limits, shared keyrings)."""
+
+    def __init__(self, sandbox: Sandbox) -> None:
+        self.sandbox = sandbox
         self.servers: dict[str, Server | None] = {"candidate": None, "judge": None}
+        self.uids = {role: LEASES.take() for role in self.servers}
         self.restarts = 0
 
     def server(self, role: str) -> Server:
@@ -73,7 +79,7 @@ class _Slot:
             if current is not None:
                 current.stop()
                 self.restarts += 1
-            current = Server.start(self.sandbox, role, self.index)
+            current = self._start(role)
             self.servers[role] = current
         return current
 
@@ -84,12 +90,27 @@ class _Slot:
             self.servers[role] = None
             self.restarts += 1
 
+    def _start(self, role: str) -> Server:
+        """A fresh server; a start that fails is tried again (a loaded machine, a uid still draining its last
+        processes) before the sandbox counts as unavailable, which fails the batch closed."""
+        for attempt in range(START_ATTEMPTS):
+            try:
+                return Server.start(self.sandbox, role, self.uids[role])
+            except SandboxUnavailable:
+                if attempt == START_ATTEMPTS - 1:
+                    raise
+                time.sleep(0.2 * (attempt + 1))
+        raise AssertionError("unreachable")
+
     def close(self) -> None:
         for role in self.servers:
             current = self.servers[role]
             if current is not None:
                 current.stop()
                 self.servers[role] = None
+        for uid in self.uids.values():
+            LEASES.give_back(uid)
+        self.uids = {}
 
 
 class JudgePool:
@@ -106,14 +127,14 @@ class JudgePool:
 
     def __enter__(self) -> JudgePool:
         self.sandbox.probe()
-        for i in range(self.workers):
-            slot = _Slot(self.sandbox, i)
-            self._all.append(slot)
-            self._slots.put(slot)
         try:
+            for _ in range(self.workers):
+                slot = _Slot(self.sandbox)
+                self._all.append(slot)
+                self._slots.put(slot)
             for role in ("candidate", "judge"):
                 self._all[0].server(role)
-        except SandboxUnavailable:
+        except (SandboxUnavailable, NoFreeUid):
             self.close()
             raise
         return self

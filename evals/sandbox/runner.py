@@ -8,7 +8,7 @@ Layers, outermost first:
    and a size-capped tmpfs as the work dir. When the program exits, the PID namespace dies with it, so no
    background process outlives it.
 4. When codemill runs as root, bwrap sets up the mounts as root (it can bind an interpreter under /root)
-   and ``setpriv`` then drops to a dedicated uid per worker slot with no capabilities, an empty bounding
+   and ``setpriv`` then drops to a uid no other sandbox holds (``uids.LEASES``) with no capabilities, an empty bounding
    set and no-new-privs. A uid of its own matters: the kernel exempts root, and user namespaces mapped to
    root, from RLIMIT_NPROC, so only a real unprivileged uid makes the fork-bomb limit bite, per sandbox.
 
@@ -32,8 +32,8 @@ from enum import StrEnum
 from pathlib import Path
 
 from codemill.evals.sandbox.limits import Limits
+from codemill.evals.sandbox.uids import LEASES
 
-SANDBOX_UID_BASE = 61000
 OUTPUT_TAIL = 4000
 
 
@@ -84,8 +84,8 @@ class Sandbox:
         self.as_root = os.geteuid() == 0
 
     # --- the command -----------------------------------------------------------------------------------
-    def command(self, slot: int = 0, uid: int | None = None) -> list[str]:
-        """The argv that runs Python (program on stdin) in a fresh sandbox as ``uid`` (default: the slot's)."""
+    def command(self, uid: int) -> list[str]:
+        """The argv that runs Python (program on stdin) in a fresh sandbox as ``uid`` (a leased one: ``uids``)."""
         py = [self.python, "-I", "-S", "-B", "-"]
         if self.unsafe:
             return py
@@ -97,8 +97,7 @@ class Sandbox:
                 raise SandboxUnavailable("setpriv (util-linux) is needed to drop root inside the sandbox")
             namespaces = ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
                           "--unshare-cgroup-try"]
-            as_uid = str(SANDBOX_UID_BASE + slot if uid is None else uid)
-            drop = [self.setpriv, f"--reuid={as_uid}", f"--regid={as_uid}", "--clear-groups", "--inh-caps=-all",
+            drop = [self.setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all",
                     "--bounding-set=-all", "--no-new-privs", "--"]
         else:
             namespaces, drop = ["--unshare-all", "--cap-drop", "ALL"], []
@@ -139,9 +138,9 @@ class Sandbox:
             raise SandboxUnavailable(f"the sandbox did not start or is not isolated (outcome {res.outcome}, "
                                      f"exit {res.returncode}): {res.error or res.stdout}"[:2000])
 
-    def run(self, program: str, slot: int = 0) -> ExecResult:
-        """Run one program (Python source on stdin); exit status 0 means passed."""
-        with tempfile.TemporaryDirectory(prefix="codemill-sbx-") as tmp:
+    def run(self, program: str) -> ExecResult:
+        """Run one program (Python source on stdin) as a uid no other sandbox holds; exit status 0 means passed."""
+        with LEASES.lease() as uid, tempfile.TemporaryDirectory(prefix="codemill-sbx-") as tmp:
             out_path, err_path = Path(tmp) / "out", Path(tmp) / "err"
             cwd = tmp
             if self.unsafe:
@@ -149,7 +148,7 @@ class Sandbox:
                 os.mkdir(cwd)
             with open(out_path, "wb") as out, open(err_path, "wb") as err:
                 t0 = time.monotonic()
-                proc = subprocess.Popen(self.command(slot), stdin=subprocess.PIPE, stdout=out, stderr=err,
+                proc = subprocess.Popen(self.command(uid), stdin=subprocess.PIPE, stdout=out, stderr=err,
                                         cwd=cwd, env={"PATH": "/usr/bin:/bin"} if self.unsafe else {},
                                         preexec_fn=self._preexec(), start_new_session=True)
             with proc:

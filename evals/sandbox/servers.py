@@ -23,13 +23,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from codemill.evals.sandbox.runner import SANDBOX_UID_BASE, Sandbox, SandboxUnavailable
+from codemill.evals.sandbox.runner import Sandbox, SandboxUnavailable
 from codemill.evals.sandbox.wire import BadData, ChannelClosed, ChannelTimeout, recv_frame, send_frame
 
 HERE = Path(__file__).parent
 ROLES = {"candidate": "candidate_server.py", "judge": "judge_server.py"}
 SANDBOX_WRITABLE = ("/tmp", "/work", "/dev/shm", "/dev/mqueue")
-JUDGE_UID_OFFSET = 500  # judge uids sit apart from candidate uids, so no slot's candidate shares one
 START_TIMEOUT_S = 30.0
 END_TIMEOUT_S = 10.0
 
@@ -44,10 +43,6 @@ def program(role: str, ctrl_fd: int, isolated: bool, writable: tuple[str, ...]) 
     call = (f"serve({ctrl_fd}, {role!r}, run_child, {isolated!r}, {list(writable)!r}, "
             "prepare=globals().get('prepare'))\n")
     return "\n\n".join(parts) + "\n\n" + call
-
-
-def role_uid(role: str, slot: int) -> int:
-    return SANDBOX_UID_BASE + slot + (JUDGE_UID_OFFSET if role == "judge" else 0)
 
 
 def package_dirs() -> list[str]:
@@ -112,25 +107,26 @@ class Server:
     """One running server process and its control socket."""
 
     role: str
-    slot: int
+    uid: int
     proc: subprocess.Popen
     ctrl: socket.socket
     workdir: str | None
     hello: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def start(cls, sandbox: Sandbox, role: str, slot: int) -> Server:
+    def start(cls, sandbox: Sandbox, role: str, uid: int) -> Server:
+        """Start a server as ``uid``, which the caller holds (``uids.LEASES``) for as long as the server runs."""
         host_end, server_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         server_fd = server_end.fileno()
         workdir = None
         writable: tuple[str, ...]
         isolated = not sandbox.unsafe
         if isolated:
-            argv, cwd, env, writable = sandbox.command(slot, uid=role_uid(role, slot)), None, {}, SANDBOX_WRITABLE
+            argv, cwd, env, writable = sandbox.command(uid), None, {}, SANDBOX_WRITABLE
             argv = sandbox_argv(argv)
         else:
             workdir = tempfile.mkdtemp(prefix=f"codemill-{role}-")
-            argv, cwd, env, writable = sandbox.command(slot), workdir, {"PATH": "/usr/bin:/bin"}, (workdir,)
+            argv, cwd, env, writable = sandbox.command(uid), workdir, {"PATH": "/usr/bin:/bin"}, (workdir,)
         limits = sandbox.limits
         try:
             proc = _spawn(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=cwd,
@@ -141,7 +137,7 @@ class Server:
             raise SandboxUnavailable(f"the {role} sandbox cannot start: {exc}") from exc
         finally:
             server_end.close()
-        server = cls(role, slot, proc, host_end, workdir)
+        server = cls(role, uid, proc, host_end, workdir)
         try:
             assert proc.stdin is not None
             proc.stdin.write(program(role, server_fd, isolated, writable).encode())
@@ -153,7 +149,7 @@ class Server:
         if server.hello.get("hello") != role:
             server.stop()
             raise SandboxUnavailable(f"the {role} sandbox server sent {server.hello!r} instead of hello")
-        if isolated and server.hello.get("uid") != role_uid(role, slot):
+        if isolated and server.hello.get("uid") != uid:
             server.stop()
             raise SandboxUnavailable(f"the {role} server runs as uid {server.hello.get('uid')}, not its own")
         return server

@@ -57,10 +57,9 @@ def interpret(res: ExecResult, nonce: str) -> tuple[Outcome, str]:
     return Outcome.FAILED, error
 
 
-def execute_old(problem: ExecProblem, completion: str, sandbox: Sandbox, slot: int = 0) -> tuple[Outcome, str]:
-    """One sample through the old harness, with a fresh nonce as the old ``execute`` made per run. ``slot``
-    picks the sandbox uid (SANDBOX_UID_BASE + slot): keep it apart from a JudgePool's candidate uids when both
-    run side by side, or one's fork bomb exhausts the other's RLIMIT_NPROC (a per-uid count)."""
+def execute_old(problem: ExecProblem, completion: str, sandbox: Sandbox) -> tuple[Outcome, str]:
+    """One sample through the old harness, with a fresh nonce as the old ``execute`` made per run. ``Sandbox.run``
+    leases a uid no JudgePool holds, so the old harness's fork bomb cannot exhaust a pool's RLIMIT_NPROC."""
     nonce = secrets.token_hex(16)
-    res = sandbox.run(harness_program(check_program(problem, completion), nonce), slot=slot)
+    res = sandbox.run(harness_program(check_program(problem, completion), nonce))
     return interpret(res, nonce)

@@ -33,9 +33,6 @@ pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewra
 
 NEW_LIMITS = Limits(wall_s=4, cpu_s=3)
 OLD_LIMITS = Limits(wall_s=3, cpu_s=2)
-# The old harness runs as uid SANDBOX_UID_BASE + OLD_SLOT, apart from the pool's only candidate uid (slot 0):
-# RLIMIT_NPROC counts per uid, so the old harness's fork bomb would otherwise stop the pool's server forking.
-OLD_SLOT = 7
 
 
 # --- problems ----------------------------------------------------------------------------------------------
@@ -494,7 +491,7 @@ def judge_one(pool, problem: ExecProblem, completion: str):
 def test_attack(attack: Attack, old_sandbox, pool):
     """old_passes: the old harness scored this wrong completion PASSED (a real hole); otherwise it already
     failed it (``note`` says why) and only the new harness's verdict is the point. The new one never passes."""
-    old, old_error = execute_old(attack.problem, attack.completion, old_sandbox, OLD_SLOT)
+    old, old_error = execute_old(attack.problem, attack.completion, old_sandbox)
     new = judge_one(pool, attack.problem, attack.completion)
     ROWS.append((attack.name, str(old), str(new.outcome), new.kind))
     if attack.old_passes:
@@ -611,7 +608,7 @@ def test_cross_sample_attack_does_not_reach_the_next_sample(name, old_sandbox, p
     on the same slot and in the next judge_all call, an honest wrong sample gets exactly its usual verdict, the
     probe finds nothing left, and the canonical solution passes."""
     attack = CROSS_SAMPLE[name]
-    old, _ = execute_old(H0, attack, old_sandbox, OLD_SLOT)
+    old, _ = execute_old(H0, attack, old_sandbox)
     # two calls: a server restarted in one call must serve the next one (threads of a call end with it)
     [attacked] = pool.judge_all([(H0, attack)])
     wrong, probe, right = pool.judge_all([(H0, WRONG_H0), (H0, PROBE), (H0, canonical("HumanEval/0"))])
