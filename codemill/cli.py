@@ -390,10 +390,14 @@ def serve(
     Runs appear in the Prefect UI of PREFECT_API_URL. Stopping this process pauses the schedules."""
     for key, value in PREFECT_DEFAULTS.items():
         os.environ.setdefault(key, value)
-    from codemill.flows.serve import DEFAULT_PREFECT_FILE
+    from codemill.flows.serve import DEFAULT_PREFECT_FILE, PrefectApiAuthError
     from codemill.flows.serve import serve as serve_deployments
 
-    serve_deployments(prefect_file or DEFAULT_PREFECT_FILE, timezone, limit)
+    try:
+        serve_deployments(prefect_file or DEFAULT_PREFECT_FILE, timezone, limit)
+    except PrefectApiAuthError as e:  # checked before anything is served
+        console.print(f"[red]error:[/] {e}")
+        raise typer.Exit(2) from e
 
 
 @app.command("mlflow-identities")

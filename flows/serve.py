@@ -47,7 +47,35 @@ def build_deployments(prefect_file: Path = DEFAULT_PREFECT_FILE, timezone: str |
     return out
 
 
+class PrefectApiAuthError(PermissionError):
+    """The Prefect API refused this process's credentials (PREFECT_API_AUTH_STRING)."""
+
+
+def check_api_access() -> None:
+    """Preflight of ``codemill serve``: one authenticated request to the configured Prefect API, so a missing or
+    wrong PREFECT_API_AUTH_STRING fails at once naming the API (not later, in the runner's background loop).
+    The ephemeral API (no PREFECT_API_URL) has no authentication."""
+    import httpx
+    from prefect import get_client
+    from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL
+
+    url = PREFECT_API_URL.value()
+    if not url:
+        return
+    try:
+        with get_client(sync_client=True) as client:
+            client.hello()
+    except httpx.HTTPStatusError as e:
+        status = e.response.status_code
+        if status not in (401, 403):
+            raise
+        fix = ("PREFECT_API_AUTH_STRING does not match the server's PREFECT_SERVER_API_AUTH_STRING"
+               if PREFECT_API_AUTH_STRING.value() else "set PREFECT_API_AUTH_STRING to the server's auth string")
+        raise PrefectApiAuthError(f"Prefect API {url} refused this client: HTTP {status} ({fix})") from e
+
+
 def serve(prefect_file: Path = DEFAULT_PREFECT_FILE, timezone: str | None = None, limit: int | None = None) -> None:
     from prefect import serve as prefect_serve
 
+    check_api_access()
     prefect_serve(*build_deployments(prefect_file, timezone), limit=limit, pause_on_shutdown=True)
