@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 from codemill.evals.problems import ExecProblem
 
 SOURCE = "mined"
+MINING_CODE_VERSION = "mining-v1"  # bump when what is mined, or how its tests are written, changes
 MAX_FILE_CHARS = 2_000_000
 MAX_TESTS_CHARS = 200_000
 

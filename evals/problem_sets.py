@@ -38,10 +38,11 @@ import polars as pl
 
 from codemill.config import DecontaminationConfig, ProblemsConfig, ProblemSourceConfig, SourceConfig
 from codemill.data.corpus import assign_split, read_split
+from codemill.evals.mining import MINING_CODE_VERSION
 from codemill.evals.problems import ExecProblem
 from codemill.evals.synthetic import SYNTHETIC_CODE_VERSION, synthetic_problems
 
-PROBLEMS_CODE_VERSION = f"problems-v1+{SYNTHETIC_CODE_VERSION}"
+PROBLEMS_CODE_VERSION = f"problems-v1+{SYNTHETIC_CODE_VERSION}+{MINING_CODE_VERSION}"
 PROBLEMS_FILE = "problems.parquet"
 REJECTED_FILE = "rejected.parquet"
 REQUIRED_FIELDS = ("task_id", "prompt", "entry_point", "test")

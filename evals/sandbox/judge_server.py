@@ -12,6 +12,7 @@ sample whatever the tests do with the exception (a sticky flag, and exceptions t
 """
 
 import builtins
+import contextlib
 import os
 import socket
 
@@ -19,6 +20,14 @@ from codemill.evals.sandbox.forkserver import child_setup, describe
 from codemill.evals.sandbox.wire import BadData, ChannelClosed, decode_value, encode_value, recv_frame, send_frame
 
 MAX_RESULT_BYTES = 16 << 20
+PREIMPORT = ("doctest", "math", "collections", "itertools", "re")  # what tests commonly import (mined tests: doctest)
+
+
+def prepare():
+    """Import once in the server what tests import, so each forked child finds them loaded (doctest: ~90 ms)."""
+    for name in PREIMPORT:
+        with contextlib.suppress(ImportError):
+            __import__(name)
 
 
 class CandidateError(Exception):
