@@ -47,8 +47,8 @@ import re
 import symtable
 import sys
 import warnings
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field, replace
 
 from codemill.evals.problems import ExecProblem
 
@@ -192,8 +192,11 @@ class _Example:
         return (self.source, self.want, self.exc_msg, self.options, self.lineno)
 
 
-def mine_doctest_problems(files: Iterable[tuple[str, str, str]]) -> tuple[list[ExecProblem], dict[str, int]]:
-    """Unverified problems from ``(repo, path, content)`` Python files, and counts per step (ordered)."""
+def mine_doctest_problems(files: Iterable[tuple[str, str, str]],
+                          split_unit_of: Callable[[str, str], str] | None = None
+                          ) -> tuple[list[ExecProblem], dict[str, int]]:
+    """Unverified problems from ``(repo, path, content)`` Python files, and counts per step (ordered).
+    ``split_unit_of(repo, path)`` names a problem's split unit (default: the repository)."""
     counts: dict[str, int] = dict.fromkeys(FILE_STEPS + FUNCTION_STEPS + EXAMPLE_STEPS, 0)
     problems: list[ExecProblem] = []
     seen: set[str] = set()
@@ -231,6 +234,8 @@ def mine_doctest_problems(files: Iterable[tuple[str, str, str]]) -> tuple[list[E
             counts["examples_in_kept"] += n_examples
             counts["examples_dropped_in_kept"] += n_dropped
             counts["test_cases"] += len(problem.test_cases)
+            if split_unit_of is not None:
+                problem = replace(problem, split_unit=split_unit_of(repo, path))
             problems.append(problem)
     return problems, counts
 

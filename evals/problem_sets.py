@@ -42,7 +42,7 @@ from codemill.evals.mining import MINING_CODE_VERSION
 from codemill.evals.problems import ExecProblem
 from codemill.evals.synthetic import SYNTHETIC_CODE_VERSION, synthetic_problems
 
-PROBLEMS_CODE_VERSION = f"problems-v1+{SYNTHETIC_CODE_VERSION}+{MINING_CODE_VERSION}"
+PROBLEMS_CODE_VERSION = f"problems-v2+{SYNTHETIC_CODE_VERSION}+{MINING_CODE_VERSION}"
 PROBLEMS_FILE = "problems.parquet"
 REJECTED_FILE = "rejected.parquet"
 REQUIRED_FIELDS = ("task_id", "prompt", "entry_point", "test")
@@ -183,14 +183,31 @@ def _read_parquet(url: str, storage_options: dict[str, Any], source: str) -> lis
     return [problem_from_record(rec, f"{url}: row {i}", source) for i, rec in enumerate(table.to_pylist())]
 
 
-def corpus_files(corpus_dir: Path) -> Iterator[tuple[str, str, str]]:
-    """(repo, path, content) of every file of a corpus artifact, train then val, in shard order."""
+CorpusRows = Callable[[], Iterable[tuple[str, str, str, str]]]  # () -> (split, repo, path, content)
+
+
+def corpus_files(corpus_dir: Path) -> Iterator[tuple[str, str, str, str]]:
+    """(split, repo, path, content) of every file of a corpus artifact, train then val, in shard order."""
     for split in ("train", "val"):
         df = read_split(corpus_dir, split)
-        yield from df.select("repo", "path", "content").iter_rows()
+        for repo, path, content in df.select("repo", "path", "content").iter_rows():
+            yield split, repo, path, content
 
 
-def read_source(src: ProblemSourceConfig, label: str, corpus: Callable[[], Iterable[tuple[str, str, str]]] | None
+def corpus_unit(split: str, repo: str, path: str) -> str:
+    """A mined problem's split unit: its file's corpus split, then the file. A problem mined from a corpus
+    train file is a train problem and one from a val file a val problem, so a val problem's solution is never
+    in the text the model was trained on (a fresh hash split would put about a fifth of train files' functions
+    into val), and the split follows the corpus's own unit (repository or top-level package)."""
+    return f"{split}:{repo}/{path}"
+
+
+def mined(cfg: ProblemsConfig) -> set[str]:
+    """The labels of the mined sources, whose split is their corpus file's."""
+    return {label for label, src in zip(source_labels(cfg.sources), cfg.sources, strict=True) if src.kind == "mined"}
+
+
+def read_source(src: ProblemSourceConfig, label: str, corpus: CorpusRows | None
                 ) -> tuple[list[ExecProblem], dict[str, int]]:
     """The problems of one source (with ``source`` = its label) and the source's own counts (mining steps)."""
     if src.kind in ("jsonl", "parquet"):
@@ -204,8 +221,16 @@ def read_source(src: ProblemSourceConfig, label: str, corpus: Callable[[], Itera
         raise ValueError("a mined problem source needs the corpus (the plan's 'corpus' input)")
     from codemill.evals.mining import mine_doctest_problems
 
-    mined, counts = mine_doctest_problems(corpus())
-    return [replace(p, source=label) for p in mined], {str(k): int(v) for k, v in counts.items()}
+    split_of_file: dict[tuple[str, str], str] = {}
+
+    def files() -> Iterator[tuple[str, str, str]]:
+        for split, repo, path, content in corpus():
+            split_of_file[(repo, path)] = split
+            yield repo, path, content
+
+    found, counts = mine_doctest_problems(
+        files(), split_unit_of=lambda repo, path: corpus_unit(split_of_file[(repo, path)], repo, path))
+    return [replace(p, source=label) for p in found], {str(k): int(v) for k, v in counts.items()}
 
 
 # --- steps ---------------------------------------------------------------------------------------------------
@@ -322,13 +347,17 @@ def decontaminate(problems: list[ExecProblem], cfg: DecontaminationConfig
     return kept, dropped
 
 
-def split_of(p: ExecProblem, cfg: ProblemsConfig) -> str:
+def split_of(p: ExecProblem, cfg: ProblemsConfig, corpus_split: bool = False) -> str:
+    """Train or val: a mined problem's (``corpus_split``) is its corpus file's, the others' a salted hash of the
+    split unit."""
+    if corpus_split:
+        return p.split_unit.split(":", 1)[0]
     return assign_split(p.split_unit or p.problem_id, cfg.val_fraction, cfg.split_salt)
 
 
 # --- the whole set -------------------------------------------------------------------------------------------
 def build_problem_set(cfg: ProblemsConfig, out_dir: Path, judge: Judge | None,
-                      corpus: Callable[[], Iterable[tuple[str, str, str]]] | None = None,
+                      corpus: CorpusRows | None = None,
                       say: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Write ``problems.parquet`` (kept problems with their split) and ``rejected.parquet`` (every dropped
     problem with its step, reason and detail) under ``out_dir``; return the stats for the manifest."""
@@ -360,7 +389,8 @@ def build_problem_set(cfg: ProblemsConfig, out_dir: Path, judge: Judge | None,
     say(f"decontaminating {len(live)} problems")
     live, dropped = decontaminate(live, cfg.decontamination)
     rejected += dropped
-    splits = [split_of(p, cfg) for p in live]
+    from_corpus = mined(cfg)
+    splits = [split_of(p, cfg, p.source in from_corpus) for p in live]
     _write(out_dir, live, splits, rejected)
     stats = _stats(labels, cfg, read, source_counts, live, splits, rejected)
     stats["verify"] = verify_counts

@@ -123,8 +123,10 @@ def test_doctests_are_mined_from_the_ingested_corpus(tmp_path):
     corpus = tmp_path / "src" / "helpers"
     corpus.mkdir(parents=True)
     (corpus / "numeric.py").write_text(MODULE)
+    (corpus / "m0.py").write_text(MODULE.replace("clamp", "clamp_m0").replace("wrong_square", "wrong_square_m0"))
     cfg = small_pipeline_config(corpus, tmp_path)
     cfg.ingest.sources = [SourceConfig(path=str(corpus), repo="org/helpers")]
+    cfg.ingest.val_fraction = 0.5  # m0.py lands in val, numeric.py in train (a salted hash of the module name)
     cfg.problems.sources = [ProblemSourceConfig(kind="mined")]
     cfg.problems.workers = 2
     out = problems(config=cfg)
@@ -132,13 +134,19 @@ def test_doctests_are_mined_from_the_ingested_corpus(tmp_path):
     corpus_ref = out["stages"]["ingest"]["ref"]
     result = out["stages"]["problems"]
     counts = result["summary"]["by_source"]["mined"]
-    assert (counts["read"], counts["reference_failed"], counts["kept"]) == (2, 1, 1)
-    assert counts["mining"]["files"] == 1 and counts["mining"]["kept"] == 2
+    assert (counts["read"], counts["reference_failed"], counts["kept"]) == (4, 2, 2)
+    assert counts["mining"]["files"] == 2 and counts["mining"]["kept"] == 4
     store = ArtifactStore(cfg.store_root)
     manifest = store.read_manifest(ArtifactRef.model_validate(result["ref"]))
     assert manifest.inputs == {"corpus": corpus_ref["digest"]}
-    (kept,) = pl.read_parquet(store.local_path(ArtifactRef.model_validate(result["ref"])) / "problems.parquet"
-                              ).to_dicts()
-    assert kept["entry_point"] == "clamp" and kept["split_unit"] == "org/helpers" and kept["verified"]
+    kept = pl.read_parquet(store.local_path(ArtifactRef.model_validate(result["ref"])) / "problems.parquet"
+                           ).sort("entry_point").to_dicts()
+    corpus_dir = store.local_path(ArtifactRef.model_validate(corpus_ref))
+    corpus_split = {path: split for split in ("train", "val")
+                    for path in pl.read_parquet(corpus_dir / split / "*.parquet")["path"]}
+    assert corpus_split == {"numeric.py": "train", "m0.py": "val"}
+    # a mined problem's split is its file's corpus split: a val problem's solution was never trained on
+    assert [(k["entry_point"], k["split"], k["split_unit"], k["verified"]) for k in kept] == [
+        ("clamp", "train", "train:org/helpers/numeric.py", True), ("clamp_m0", "val", "val:org/helpers/m0.py", True)]
     run = MlflowClient(cfg.mlflow_tracking_uri).get_run(result["run_id"])
     assert {d.dataset.name for d in run.inputs.dataset_inputs} == {"corpus", "problems"}
