@@ -211,9 +211,9 @@ def test_reader_can_run_codemill_lineage_and_anonymous_cannot(auth_server, pipel
 
 @pytest.mark.parametrize("identity, status", [((PIPELINE[0], "wrong-password-000"), 401), (READER, 403)],
                          ids=["wrong-password", "reader"])
-def test_bad_credentials_fail_the_flow_at_start(auth_server, pipeline_run, tiny_corpus, tmp_path, monkeypatch,
-                                                identity, status):
-    """Before any stage: no artifact in the store, no training launched, within seconds."""
+def test_bad_credentials_fail_the_flow_at_start(auth_server, tiny_corpus, tmp_path, monkeypatch, identity, status):
+    """Before any stage: no artifact in the store, no training launched, within seconds. (The experiment exists:
+    the admin created it, so the reader cannot create one of its own to write into.)"""
     from codemill.flows.pipeline import pipeline
 
     cfg = small_pipeline_config(tiny_corpus, tmp_path, max_steps=3)
@@ -228,6 +228,7 @@ def test_bad_credentials_fail_the_flow_at_start(auth_server, pipeline_run, tiny_
     if status == 401:
         assert str(denied.value).startswith(f"MLflow tracking server {auth_server.uri} refused the credentials of "
                                             f"user 'pipeline'")
+        assert denied.value.operation == "search_experiments"  # the preflight of Lineage, before any other call
     else:
         assert denied.value.operation == "create_run"
     print(f"{identity[0]}: {denied.value}")
