@@ -53,7 +53,7 @@ from dataclasses import dataclass, field, replace
 from codemill.evals.problems import ExecProblem
 
 SOURCE = "mined"
-MINING_CODE_VERSION = "mining-v1"  # bump when what is mined, or how its tests are written, changes
+MINING_CODE_VERSION = "mining-v2"  # bump when what is mined, or how its tests are written, changes
 MAX_FILE_CHARS = 2_000_000
 MAX_TESTS_CHARS = 200_000
 
@@ -103,8 +103,8 @@ READING_BUILTINS = frozenset({"len", "sorted", "list", "tuple", "set", "frozense
 TRIVIAL_DECORATORS = frozenset({"functools.lru_cache", "functools.cache"})
 
 # The judge-side runner every tests program and test case carries (stdlib only; it runs in the sandbox).
-# The candidate is a proxy: its exceptions arrive as builtin types whose message may carry a "Type: " prefix,
-# which is stripped so that doctest compares the message the original exception carried.
+# The candidate is a proxy: its exceptions arrive rebuilt with their own type and message where the judge has
+# the type loaded (judge_server.candidate_exception), so doctest compares them as it would the original's.
 HELPER = r'''import doctest as _doctest
 import traceback as _traceback
 
@@ -112,26 +112,8 @@ import traceback as _traceback
 def _doctest_examples(candidate, entry, imports, examples):
     """Run doctest examples with doctest's own runner and output checker; ``entry`` is the candidate."""
 
-    def shown(exc):
-        try:
-            kind = type(exc)
-            text = exc.args[0] if len(exc.args) == 1 and isinstance(exc.args[0], str) else str(exc)
-            prefix = kind.__name__ + ": "
-            if kind.__module__ != "builtins" or not (text.startswith(prefix) or text == prefix.rstrip()):
-                return exc
-            text = text[len(prefix):]
-            again = type(kind.__name__, (kind,), {"__str__": lambda self: text, "__module__": "builtins"})
-            new = again.__new__(again)
-            new.args = (text,)
-            return new
-        except Exception:
-            return exc
-
     def call(*args, **kwargs):
-        try:
-            return candidate(*args, **kwargs)
-        except Exception as exc:
-            raise shown(exc) from None
+        return candidate(*args, **kwargs)
 
     call.__name__ = call.__qualname__ = entry
     globs = {"__name__": "__doctest__"}

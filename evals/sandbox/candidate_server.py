@@ -76,7 +76,7 @@ def run_child(fds, msg):
         try:
             result = fn(*args, **kwargs)
         except BaseException as exc:
-            _send(conn, {"raise": [_type_name(exc), describe(exc)]})
+            _send(conn, {"raise": _raised(exc)})
             continue
         try:
             reply = {"ok": encode_value(result)}
@@ -85,11 +85,18 @@ def run_child(fds, msg):
         _send(conn, reply)
 
 
-def _type_name(exc):
+def _raised(exc):
+    """[module, qualname, message] of an exception: three plain strings (the judge rebuilds the type if it may)."""
     try:
-        return str(type(exc).__name__)
+        kind = type(exc)
+        module, qualname = str(kind.__module__), str(kind.__qualname__)
     except BaseException:
-        return "Exception"
+        module, qualname = "builtins", "Exception"
+    try:
+        message = str(exc)
+    except BaseException:
+        message = "<unprintable>"
+    return [module, qualname, message[:2000]]
 
 
 def _send(conn, obj):

@@ -15,6 +15,7 @@ import builtins
 import contextlib
 import os
 import socket
+import sys
 
 from codemill.evals.sandbox.forkserver import child_setup, describe
 from codemill.evals.sandbox.wire import BadData, ChannelClosed, decode_value, encode_value, recv_frame, send_frame
@@ -31,7 +32,7 @@ def prepare():
 
 
 class CandidateError(Exception):
-    """The candidate raised an exception that is not a builtin one (its type cannot cross the boundary)."""
+    """The candidate raised an exception whose type the judge does not rebuild (see ``candidate_exception``)."""
 
 
 class CandidateBroken(BaseException):
@@ -42,11 +43,39 @@ class CandidateBroken(BaseException):
         self.kind = kind
 
 
-def _builtin_exception(name):
-    kind = getattr(builtins, name, None) if isinstance(name, str) else None
-    if isinstance(kind, type) and issubclass(kind, Exception):
-        return kind
-    return None
+# Test runners read these as "not a failure" (a skipped unittest counts as successful): a candidate must not be
+# able to raise them in the judge, whatever module the tests loaded.
+NEVER_REBUILT_MODULES = frozenset({"unittest", "doctest", "pytest", "_pytest"})
+
+
+def candidate_exception(module, qualname, message):
+    """The exception the candidate raised, rebuilt in the judge from three strings: its own type when that is an
+    ``Exception`` subclass of a standard-library module the judge itself has loaded (builtins, what the prompt
+    and tests import: ``statistics.StatisticsError``), else ``CandidateError``. Nothing is imported or called on
+    the candidate's say-so beyond an attribute lookup of public names and the type's constructor with one
+    string. Types that are not ``Exception`` subclasses (``SystemExit``, ``KeyboardInterrupt``) and test-runner
+    signals (``unittest.SkipTest``) never cross as themselves."""
+    kind = None
+    top = module.split(".", 1)[0]
+    owner = builtins if module == "builtins" else sys.modules.get(module)
+    parts = qualname.split(".")
+    if (owner is not None and (top == "builtins" or top in sys.stdlib_module_names)
+            and top not in NEVER_REBUILT_MODULES
+            and all(p.isidentifier() and not p.startswith("_") for p in parts)):
+        kind = owner
+        for part in parts:
+            kind = getattr(kind, part, None)
+    skip = getattr(sys.modules.get("unittest"), "SkipTest", None)
+    if (isinstance(kind, type) and issubclass(kind, Exception)
+            and not (isinstance(skip, type) and issubclass(kind, skip))):
+        try:
+            exc = kind(message)
+            if type(exc) is kind:
+                return exc
+        except Exception:
+            pass
+    shown = qualname if module == "builtins" else module + "." + qualname
+    return CandidateError(shown + ": " + message)
 
 
 class Candidate:
@@ -89,9 +118,8 @@ class Candidate:
         if "bad_result" in reply:
             self._fail("bad_data", "the candidate's result is not plain data: " + str(reply["bad_result"])[:300])
         raised = reply.get("raise")
-        if type(raised) is list and len(raised) == 2 and all(type(x) is str for x in raised):
-            kind = _builtin_exception(raised[0]) or CandidateError
-            raise kind(raised[1][:500])
+        if type(raised) is list and len(raised) == 3 and all(type(x) is str for x in raised):
+            raise candidate_exception(raised[0][:200], raised[1][:200], raised[2][:2000])
         self._fail("bad_data", "the candidate sent a frame the protocol does not allow")
 
 

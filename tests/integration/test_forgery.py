@@ -597,9 +597,11 @@ CROSS_SAMPLE = {
     "kill_every_process": body("import os, signal\nos.kill(-1, signal.SIGKILL)\nreturn False\n"),
     "fork_bomb": body("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"),
 }
-# How each attack itself ends under the judge harness ("failed": it loaded and did everything it meant to).
-CROSS_SAMPLE_KIND = {"lingering_process": "failed", "leave_files_ipc_keys_mqueues": "failed",
-                     "kill_every_process": "failed", "fork_bomb": "timed_out"}
+# How each attack itself may end under the judge harness ("failed": it loaded and did everything it meant to).
+# kill(-1) also kills the candidate's own server (same uid); its sandbox ends with it and takes the
+# candidate with it: whether its wrong answer got out first is a race, so either ending is right.
+CROSS_SAMPLE_KIND = {"lingering_process": ("failed",), "leave_files_ipc_keys_mqueues": ("failed",),
+                     "kill_every_process": ("failed", "candidate_gone"), "fork_bomb": ("timed_out",)}
 
 
 @pytest.mark.parametrize("name", list(CROSS_SAMPLE))
@@ -615,7 +617,7 @@ def test_cross_sample_attack_does_not_reach_the_next_sample(name, old_sandbox, p
     ROWS.append((f"cross_sample:{name}", str(old), str(attacked.outcome), attacked.kind))
     assert old is not Outcome.PASSED
     assert not attacked.passed
-    assert CROSS_SAMPLE_KIND[name] in (None, attacked.kind), attacked
+    assert attacked.kind in CROSS_SAMPLE_KIND[name], attacked
     assert (wrong.kind, wrong.error) == WRONG_H0_VERDICT and not wrong.passed
     assert probe.passed, probe.error
     assert right.passed, right

@@ -88,3 +88,32 @@ def test_a_dead_server_is_replaced_and_the_batch_completes(pool):
                              ("neg", kill_server.format(answer="x")), ("neg", "    return x\n")] * 2, pool)
     assert [r.passed for r in batch.rewards] == [True, True, False, False] * 2
     assert pool.restarts >= before + 4
+
+
+UNITTEST_TESTS = '''import io
+import statistics
+import unittest
+
+
+def check(candidate):
+    class T(unittest.TestCase):
+        def test_mean(self):
+            self.assertEqual(candidate([1, 2, 3]), 2)
+
+        def test_empty(self):
+            with self.assertRaises(statistics.StatisticsError):
+                candidate([])
+
+    result = unittest.TextTestRunner(stream=io.StringIO()).run(unittest.defaultTestLoader.loadTestsFromTestCase(T))
+    assert result.wasSuccessful()
+'''
+MEAN = ExecProblem("mean", "def mean(xs):\n", "mean", UNITTEST_TESTS,
+                   reference_solution="    import statistics\n    return statistics.mean(xs)\n", source="test")
+
+
+def test_exceptions_cross_with_their_type_but_a_skip_never_does(pool):
+    """statistics.StatisticsError (the tests import statistics) reaches assertRaises as itself; a candidate raising SkipTest
+    would make a unittest run 'successful' (skips are not failures) if the judge rebuilt it."""
+    skip = "    import unittest\n    raise unittest.SkipTest('not today')\n"
+    batch = score({"mean": MEAN}, [("mean", MEAN.reference_solution or ""), ("mean", skip)], pool)
+    assert [(r.passed, r.outcome) for r in batch.rewards] == [(True, "passed"), (False, "failed")]

@@ -1,10 +1,9 @@
 """Doctest mining on small handwritten sources: what is kept, what is dropped (and counted), and that the tests it
 writes keep doctest's semantics. The generated tests run here in-process against a stand-in for the harness's
-proxy (exceptions cross as builtin types with a "Type: message" text, as the judge raises them)."""
+proxy (exceptions rebuilt by the judge's own ``candidate_exception``)."""
 
 from __future__ import annotations
 
-import builtins
 import textwrap
 from collections.abc import Callable
 from typing import Any
@@ -13,6 +12,7 @@ import pytest
 
 from codemill.evals.mining import FILE_STEPS, FUNCTION_STEPS, io_reason, mine_doctest_problems
 from codemill.evals.problems import ExecProblem
+from codemill.evals.sandbox.judge_server import candidate_exception
 
 GOOD = '''\
 import math
@@ -243,18 +243,14 @@ def _by_entry(problems: list[ExecProblem]) -> dict[str, ExecProblem]:
 
 
 def _proxy(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """What the judge binds: calls cross as plain data; an exception comes back as its builtin type with the
-    text "Type: message" (forkserver.describe), anything else as a generic Exception."""
+    """What the judge binds: calls cross as plain data; an exception comes back as the judge rebuilds it from
+    its module, qualname and message."""
 
     def call(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
         except Exception as exc:
-            kind = getattr(builtins, type(exc).__name__, None)
-            text = f"{type(exc).__name__}: {exc}"
-            if isinstance(kind, type) and issubclass(kind, Exception):
-                raise kind(text) from None
-            raise Exception(text) from None
+            raise candidate_exception(type(exc).__module__, type(exc).__qualname__, str(exc)) from None
 
     return call
 
