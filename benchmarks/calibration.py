@@ -14,7 +14,8 @@ no hold margin), **uncalibrated** (today's gate with no calibration: item SE, de
 metric), every verdict, and the false-alarm rate and power of each gate; ``--out`` writes them as JSON.
 Everything is cached in ``--work`` (store + MLflow), so a rerun only judges.
 
-    python -m benchmarks.calibration [--preset tiny] [--seeds 5] [--candidates 5] [--suites bpb completion]
+    python -m benchmarks.calibration [--preset tiny] [--steps N] [--seeds 5] [--candidates 5]
+                                     [--suites bpb completion] [--out results.json]
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ def config(args: argparse.Namespace) -> PipelineConfig:
     cfg.store_root, cfg.work_dir = str(work / "store"), str(work / "work")
     cfg.mlflow_tracking_uri = f"sqlite:///{work / 'mlflow.db'}"
     cfg.evaluate.suites = args.suites
+    if args.steps:
+        cfg.train.max_steps = args.steps
     return cfg
 
 
@@ -92,6 +95,7 @@ def main() -> None:
     p.add_argument("--better", type=float, default=3.0, help="training steps of the improved candidate, x")
     p.add_argument("--worse", type=float, default=0.1, help="training steps of the degraded candidate, x")
     p.add_argument("--suites", nargs="+", default=["bpb", "completion"])
+    p.add_argument("--steps", type=int, default=None, help="training steps of the config (default: the preset's)")
     p.add_argument("--work", default=".codemill/bench-calibration")
     p.add_argument("--out", default=None, help="write the results as JSON here")
     args = p.parse_args()

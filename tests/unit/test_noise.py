@@ -58,7 +58,7 @@ def test_mde_by_hand():
 
 def test_uncalibrated_margin_defaults():
     m = noise_model("val_bpb", 0.01, None)
-    assert not m.calibrated and m.hold_margin == UNCALIBRATED_MARGINS["val_bpb"] == 0.1 and m.se == 0.01
+    assert not m.calibrated and m.hold_margin == UNCALIBRATED_MARGINS["val_bpb"] == 0.12 and m.se == 0.01
     assert noise_model("val_bpb", 0.01, None, 0.02).hold_margin == 0.02
     assert noise_model("something_else", 0.01, None).hold_margin == 0.05
     cal = noise_model("val_bpb", 0.01, seed_noise("val_bpb", [1.0, 1.1]))
