@@ -124,6 +124,9 @@ def pipeline_run(auth_server, tiny_corpus, tmp_path_factory):
     cfg.mlflow_tracking_uri = auth_server.uri
     cfg.evaluate.suites = ["bpb"]
     cfg.train.nproc_per_node = 1  # one rank is enough to show torchrun's rank 0 authenticates
+    cfg.evaluate.bpb.max_files = 10
+    cfg.ingest.near_dedup.enabled = False  # data quality is not what this module tests
+    cfg.ingest.decontamination.enabled = False
     with pytest.MonkeyPatch.context() as mp:
         use_identity(mp, PIPELINE)
         out = pipeline(config=cfg)
