@@ -112,8 +112,8 @@ MEAN = ExecProblem("mean", "def mean(xs):\n", "mean", UNITTEST_TESTS,
 
 
 def test_exceptions_cross_with_their_type_but_a_skip_never_does(pool):
-    """statistics.StatisticsError (the tests import statistics) reaches assertRaises as itself; a candidate raising SkipTest
-    would make a unittest run 'successful' (skips are not failures) if the judge rebuilt it."""
+    """statistics.StatisticsError (the tests import statistics) reaches assertRaises as itself; a candidate
+    raising SkipTest would make a unittest run 'successful' (skips are not failures) if the judge rebuilt it."""
     skip = "    import unittest\n    raise unittest.SkipTest('not today')\n"
     batch = score({"mean": MEAN}, [("mean", MEAN.reference_solution or ""), ("mean", skip)], pool)
     assert [(r.passed, r.outcome) for r in batch.rewards] == [(True, "passed"), (False, "failed")]
