@@ -51,7 +51,6 @@ def config(args: argparse.Namespace) -> PipelineConfig:
 def variant(cfg: PipelineConfig, seed: int, steps: int) -> PipelineConfig:
     c = cfg.model_copy(deep=True)
     c.train.seed, c.train.max_steps = seed, steps
-    c.train.warmup_steps = min(c.train.warmup_steps, max(1, steps // 10))  # warmup stays a tenth at most
     c.gate.enabled = False  # judged below, champion fixed
     return c
 
