@@ -32,7 +32,6 @@ def test_calibrated_gate_holds_seed_noise_and_sees_real_changes(small_corpus, tm
     cfg.evaluate.suites = ["bpb"]
     cfg.evaluate.bpb.max_files = 24
     cfg.evaluate.bootstrap_samples = 100
-    cfg.train.nproc_per_node = 1  # the gate's statistics are under test here, not DDP: one rank starts faster
 
     def run(seed: int, steps: int = STEPS) -> dict:
         c = cfg.model_copy(deep=True)
