@@ -82,6 +82,20 @@ def start_moto_server(extra_env: dict[str, str] | None = None):
     return proc, f"http://127.0.0.1:{port}"
 
 
+def s3_bucket(endpoint: str, monkeypatch: pytest.MonkeyPatch, bucket: str):
+    """A boto3 client on the moto server with ``bucket`` created, and the AWS_* variables the code under test
+    reads set to it (credentials from the environment, as a user would set them)."""
+    import boto3
+
+    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+                 "AWS_ENDPOINT_URL": endpoint}.items():
+        monkeypatch.setenv(k, v)
+    client = boto3.client("s3", endpoint_url=endpoint)
+    if bucket not in [b["Name"] for b in client.list_buckets()["Buckets"]]:
+        client.create_bucket(Bucket=bucket)
+    return client
+
+
 @pytest.fixture(scope="session")
 def s3_endpoint():
     proc, url = start_moto_server()
@@ -99,6 +113,14 @@ class MlflowServer:
         self.uri = f"http://127.0.0.1:{self.port}"
         self.proc = None
 
+    def app_args(self) -> list[str]:
+        """Extra ``mlflow server`` options (a subclass runs another app)."""
+        return []
+
+    def environment(self) -> dict[str, str] | None:
+        """The server's environment (None: this process's)."""
+        return None
+
     def start(self, timeout: float = 90) -> MlflowServer:
         import subprocess
         import sys
@@ -106,11 +128,12 @@ class MlflowServer:
         import urllib.request
 
         self.root.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(self.port),
-               "--backend-store-uri", f"sqlite:///{self.root / 'mlflow.db'}", "--serve-artifacts",
+        cmd = [sys.executable, "-m", "mlflow", "server", *self.app_args(), "--host", "127.0.0.1", "--port",
+               str(self.port), "--backend-store-uri", f"sqlite:///{self.root / 'mlflow.db'}", "--serve-artifacts",
                "--artifacts-destination", str(self.root / "artifacts"), "--workers", "1"]
         log = open(self.root / "server.log", "ab")  # noqa: SIM115 (closed with the process)
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.environment(),
+                                     start_new_session=True)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

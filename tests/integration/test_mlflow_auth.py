@@ -8,11 +8,7 @@ the reader can still run ``codemill lineage``; a wrong password fails the flow a
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,7 +19,7 @@ from typer.testing import CliRunner
 
 from codemill.cli import app
 from codemill.lineage import Lineage, Registry, TrackingAccessDenied, guarded_client
-from tests.conftest import STDLIB_MODULES, free_port
+from tests.conftest import STDLIB_MODULES, MlflowServer
 from tests.integration.helpers import small_pipeline_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_harness")]
@@ -35,45 +31,23 @@ READER = ("reader", "reader-password-89ab")
 CRED_VARS = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")
 
 
-class AuthMlflowServer:
+class AuthMlflowServer(MlflowServer):
     """``mlflow server --app-name basic-auth``: auth DB in SQLite here (PostgreSQL in deployments/mlflow/),
     nobody may do anything by default (``default_permission = NO_PERMISSIONS``), as in the cluster's ConfigMap."""
 
-    def __init__(self, root: Path) -> None:
-        self.root, self.port = root, free_port()
-        self.uri = f"http://127.0.0.1:{self.port}"
-        self.proc: subprocess.Popen | None = None
+    def app_args(self) -> list[str]:
+        return ["--app-name", "basic-auth"]
 
-    def start(self, timeout: float = 90) -> AuthMlflowServer:
+    def environment(self) -> dict[str, str]:
         self.root.mkdir(parents=True, exist_ok=True)
         ini = self.root / "basic_auth.ini"
         ini.write_text("[mlflow]\ndefault_permission = NO_PERMISSIONS\n"
                        f"database_uri = sqlite:///{self.root / 'auth.db'}\nadmin_username = {ADMIN[0]}\n"
                        "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n")
         env = {k: v for k, v in os.environ.items() if k not in CRED_VARS}
-        env |= {"MLFLOW_AUTH_CONFIG_PATH": str(ini), "MLFLOW_AUTH_ADMIN_PASSWORD": ADMIN[1],
-                "MLFLOW_FLASK_SERVER_SECRET_KEY": "test-only-csrf-key",
-                "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}  # no GenAI job runners: a faster start
-        cmd = [sys.executable, "-m", "mlflow", "server", "--app-name", "basic-auth", "--host", "127.0.0.1",
-               "--port", str(self.port), "--backend-store-uri", f"sqlite:///{self.root / 'mlflow.db'}",
-               "--serve-artifacts", "--artifacts-destination", str(self.root / "artifacts"), "--workers", "1"]
-        log = open(self.root / "server.log", "ab")  # noqa: SIM115 (closed with the process)
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"mlflow server exited: {(self.root / 'server.log').read_text()[-2000:]}")
-            try:
-                with urllib.request.urlopen(f"{self.uri}/health", timeout=2):
-                    return self
-            except OSError:
-                time.sleep(0.3)
-        raise TimeoutError(f"mlflow server at {self.uri} not healthy after {timeout} s")
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(timeout=30)
+        return env | {"MLFLOW_AUTH_CONFIG_PATH": str(ini), "MLFLOW_AUTH_ADMIN_PASSWORD": ADMIN[1],
+                      "MLFLOW_FLASK_SERVER_SECRET_KEY": "test-only-csrf-key",
+                      "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}  # no GenAI job runners: a faster start
 
 
 def use_identity(mp: pytest.MonkeyPatch, identity: tuple[str, str] | None) -> None:

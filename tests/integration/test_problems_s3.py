@@ -13,6 +13,7 @@ from codemill.data.sources import SourceError
 from codemill.evals.problem_sets import build_problem_set, fingerprint_problem_sources
 from codemill.evals.sandbox import Limits
 from codemill.evals.sandbox.judge_pool import JudgePool
+from tests.conftest import s3_bucket
 
 pytestmark = pytest.mark.integration
 
@@ -23,15 +24,7 @@ ROWS = [{"task_id": f"s3/{k}", "prompt": f"def add_{k}(x):\n    \"\"\"Return x p
 
 @pytest.fixture
 def s3(s3_endpoint, monkeypatch):
-    import boto3
-
-    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-                 "AWS_ENDPOINT_URL": s3_endpoint}.items():
-        monkeypatch.setenv(k, v)
-    client = boto3.client("s3", endpoint_url=s3_endpoint)
-    if "problems-src" not in [b["Name"] for b in client.list_buckets()["Buckets"]]:
-        client.create_bucket(Bucket="problems-src")
-    return client
+    return s3_bucket(s3_endpoint, monkeypatch, "problems-src")
 
 
 def test_a_humaneval_jsonl_on_s3_is_read_and_verified(s3, tmp_path):

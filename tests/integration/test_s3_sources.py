@@ -11,7 +11,7 @@ import pytest
 from codemill.config import IngestConfig, SourceConfig
 from codemill.data.ingest import fingerprint_sources, run_ingest
 from codemill.data.sources import SourceError, plan_chunks
-from tests.conftest import start_moto_server
+from tests.conftest import s3_bucket, start_moto_server
 
 pytestmark = pytest.mark.integration
 CODE = "def f{i}(x):\n    total = x * {i} + 3\n    return total - {i} // 2\n"
@@ -19,15 +19,7 @@ CODE = "def f{i}(x):\n    total = x * {i} + 3\n    return total - {i} // 2\n"
 
 @pytest.fixture
 def s3_env(s3_endpoint, monkeypatch):
-    import boto3
-
-    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-                 "AWS_ENDPOINT_URL": s3_endpoint}.items():
-        monkeypatch.setenv(k, v)
-    s3 = boto3.client("s3", endpoint_url=s3_endpoint)
-    if "corpus-src" not in [b["Name"] for b in s3.list_buckets()["Buckets"]]:
-        s3.create_bucket(Bucket="corpus-src")
-    return s3
+    return s3_bucket(s3_endpoint, monkeypatch, "corpus-src")
 
 
 def test_parquet_and_jsonl_on_s3_are_ingested(s3_env, tmp_path):
