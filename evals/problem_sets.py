@@ -265,9 +265,10 @@ def verify(problems: list[ExecProblem], judge: Judge | None, retries: int = 2,
     """Keep problems whose reference passes in the sandbox, and those without a reference (unverified).
 
     A failure the host cannot attribute to the reference (the candidate gone, no verdict, a time-out, the
-    judge's ``suspicious`` labels) is judged again, up to ``retries`` times: under CPU contention a correct
-    reference is sometimes reported as gone, and a problem set must not lose it to load. A reference that
-    really exits or loops fails every time. ``counts["rejudged"]`` says how many samples were judged again."""
+    judge's ``suspicious`` labels) is judged again, up to ``retries`` times, so a problem set does not lose a good
+    problem to a time-out on a loaded machine or a server lost mid-sample (the pool's servers once died with the
+    thread that started them; that cause is fixed in ``sandbox.servers``). A reference that really exits or
+    loops fails every time. ``counts["rejudged"]`` says how many samples were judged again."""
     with_ref = [p for p in problems if p.reference_solution is not None]
     verdicts: list[Any] = []
     if with_ref:
