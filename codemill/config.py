@@ -242,6 +242,46 @@ class TrainConfig(StageConfig):
     rdzv_id: str = runtime_only(default="codemill", description="Rendezvous job id (same on every node).")
 
 
+class GRPOConfig(StageConfig):
+    """The GRPO policy update of one RL iteration (``codemill.models.rl_update``; formulas in ``models/grpo.py``).
+
+    Defaults follow DAPO as verl runs it (clip-higher 0.2/0.28, no KL, token-mean, dynamic sampling, overlong
+    masking); ``norm_adv_by_std=False`` with ``loss_agg="seq-mean-token-sum-norm"`` is Dr. GRPO.
+    """
+
+    clip_low: float = Field(0.2, ge=0, lt=1, description="Ratio clipped below at 1 - clip_low.")
+    clip_high: float = Field(0.28, ge=0, description="Ratio clipped above at 1 + clip_high (DAPO clip-higher).")
+    kl_coef: float = Field(0.0, ge=0, description="Weight of the k3 KL to the frozen reference (0 = off).")
+    entropy_coef: float = Field(0.0, ge=0, description="Entropy bonus weight (0 = off).")
+    loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = Field(
+        "token-mean", description="Loss aggregation over the tokens of a step; seq-mean-token-sum-norm divides "
+                                  "each completion's token sum by max_new_tokens (Dr. GRPO).")
+    norm_adv_by_std: bool = Field(True, description="Divide advantages by the group's reward std (False: "
+                                                    "Dr. GRPO).")
+    dynamic_sampling: bool = Field(True, description="Drop groups whose rewards are all equal (DAPO).")
+    overlong_mask: bool = Field(True, description="Truncated completions (finish_reason length) get no loss.")
+    temperature: float = Field(1.0, gt=0, description="The rollout's sampling temperature (log-probs are "
+                                                      "log_softmax(logits / temperature)).")
+    lr: float = Field(1e-6, gt=0, description="AdamW learning rate (constant after warmup).")
+    warmup_steps: int = Field(0, ge=0, description="Linear lr warmup within the update.")
+    weight_decay: float = Field(0.0, ge=0)
+    beta1: float = Field(0.9, gt=0, lt=1)
+    beta2: float = Field(0.999, gt=0, lt=1)
+    grad_clip: float = Field(1.0, gt=0)
+    epochs: int = Field(1, gt=0, description="Passes over the kept samples.")
+    micro_batch_size: int = Field(4, gt=0, description="Samples per rank per micro-step.")
+    grad_accum: int = Field(1, gt=0, description="Micro-steps per optimizer step (samples per step = ranks x "
+                                                 "micro_batch_size x grad_accum).")
+    seed: int = Field(1234, description="Seeds the sample order.")
+    parallelism: Literal["ddp", "fsdp"] = Field("ddp", description="DDP, or FSDP2 (fully_shard per block).")
+    nproc_per_node: int = Field(2, ge=1, description="torchrun processes per node.")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto = cuda when available.")
+    dtype: Literal["float32", "bfloat16"] = Field("float32", description="Autocast / FSDP param dtype (GPU).")
+    checkpoint_every: int = runtime_only(default=4, gt=0, description="Steps between resumable checkpoints.")
+    keep_checkpoints: int = runtime_only(default=1, ge=1, description="Committed checkpoints kept.")
+    timeout_s: int = runtime_only(default=3600, gt=0, description="Kill the torchrun job after this long.")
+
+
 class BpbSuiteConfig(StageConfig):
     max_files: int | None = Field(400, description="Score at most this many val files (sorted by path).")
     context_len: int = Field(256, ge=8, description="Tokens per scoring window.")
