@@ -364,6 +364,9 @@ class ProblemSourceConfig(StageConfig):
                                                "default: the file name, 'mined' or 'synthetic'.")
     seed: int = Field(0, description="synthetic: seed of the generator.")
     count: int = Field(64, ge=1, description="synthetic: how many problems to generate.")
+    split_by: Literal["template", "problem"] = Field(
+        "template", description="synthetic: the split unit. template holds whole templates out (a new kind of "
+        "task); problem holds instances out (the same kinds with constants and inputs never trained on).")
     storage_options: dict[str, Any] = runtime_only(
         default_factory=dict, description="fsspec options for URLs (e.g. S3 endpoint_url, key, secret); "
                                           "prefer environment credentials.")
@@ -387,6 +390,80 @@ class ProblemsConfig(StageConfig):
     workers: int | None = runtime_only(default=None, description="Parallel sandboxes; empty = CPU count.")
 
 
+class RolloutConfig(StageConfig):
+    """How an RL iteration samples: k completions per problem (a group), each judged in the sandbox."""
+
+    problems_per_iteration: int = Field(32, ge=1, description="Train problems per iteration, drawn without "
+                                        "replacement from a seeded shuffle (an epoch ends before any repeats).")
+    samples_per_problem: int = Field(8, ge=2, description="Group size k: completions per problem.")
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature (the update uses the same one).")
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_new_tokens: int = Field(64, gt=0, description="Longer completions are cut ('length'; see overlong_mask).")
+    stop: list[str] = Field(["\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#"],
+                            description="Stop sequences (HumanEval's): the text is cut before the first one.")
+    context_len: int = Field(512, ge=16, description="Prompt tokens kept (left-truncated) plus new tokens.")
+    batch_problems: int = Field(8, ge=1, description="Problems per generation batch; each batch has its own seed, "
+                                "so results do not depend on how batches are spread over workers.")
+    reward: Literal["binary", "partial"] = Field("binary", description="binary: 1 when every test passes; "
+                                                 "partial: the fraction of separate test cases passed.")
+    wall_s: float = Field(10.0, gt=0, description="Wall-clock limit of one sample in the sandbox.")
+    cpu_s: int = Field(10, gt=0)
+    memory_mb: int = Field(1024, gt=64)
+    workers: int | None = runtime_only(default=None, description="Parallel sandboxes; empty = CPU count.")
+    overlap: bool = runtime_only(default=True, description="Judge batch i while batch i+1 is generated.")
+
+
+class GRPOConfig(StageConfig):
+    """The GRPO policy loss (verl/TRL/DAPO knobs; see README "RL for code")."""
+
+    clip_low: float = Field(0.2, ge=0, lt=1, description="Ratio clip below 1 (PPO epsilon).")
+    clip_high: float = Field(0.28, ge=0, description="Ratio clip above 1 (DAPO clip-higher: 0.28).")
+    kl_coef: float = Field(0.0, ge=0, description="KL penalty to the frozen starting policy (k3); 0 = off.")
+    loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = Field(
+        "token-mean", description="Loss aggregation: DAPO token-mean, GRPO seq-mean-token-mean, or Dr. GRPO's "
+                                  "constant normaliser (max_new_tokens).")
+    norm_adv_by_std: bool = Field(True, description="Divide group advantages by the group std (off = Dr. GRPO).")
+    dynamic_sampling: bool = Field(True, description="Drop groups whose rewards are all equal (DAPO).")
+    overlong_mask: bool = Field(True, description="Truncated completions ('length') get no loss.")
+    lr: float = Field(1e-4, gt=0, description="AdamW learning rate (constant after warmup).")
+    warmup_steps: int = Field(0, ge=0)
+    weight_decay: float = Field(0.0, ge=0)
+    epochs: int = Field(1, ge=1, description="Passes over an iteration's kept samples.")
+    micro_batch_size: int = Field(16, gt=0, description="Samples per rank per optimizer step.")
+    grad_clip: float = Field(1.0, gt=0)
+
+
+class FinetuneConfig(StageConfig):
+    """A short supervised fine-tune with the pipeline's trainer (rejection sampling, the warm start)."""
+
+    max_steps: int = Field(50, ge=0, description="Optimizer steps (0 = off).")
+    lr: float = Field(1e-3, gt=0)
+    warmup_steps: int = Field(5, ge=0)
+    micro_batch_size: int = Field(8, gt=0)
+    seq_len: int = Field(128, ge=8, description="Packed sequence length of the fine-tuning tokens.")
+
+
+class RLConfig(StageConfig):
+    """RL for code: iterations of rollout -> sandboxed reward -> update (`codemill rl`)."""
+
+    algorithm: Literal["grpo", "rft"] = Field("grpo", description="grpo, or rft: rejection-sampling fine-tuning "
+                                              "(fine-tune on the passing samples).")
+    iterations: int = Field(4, ge=1, description="Rollout/update iterations.")
+    seed: int = Field(0, description="Seed of the problem order, the sampling and the updates.")
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    grpo: GRPOConfig = Field(default_factory=GRPOConfig)
+    rft: FinetuneConfig = Field(default_factory=FinetuneConfig, description="rft: the fine-tune on passing "
+                                "samples of each iteration.")
+    warm_start: FinetuneConfig = Field(default_factory=lambda: FinetuneConfig(max_steps=0), description=(
+        "Before iteration 0: fine-tune on the train problems' reference solutions (0 steps = off)."))
+    parallelism: Literal["ddp", "fsdp"] = Field("ddp", description="Update under torchrun: DDP or FSDP2.")
+    nproc_per_node: int = Field(2, ge=1, description="torchrun processes of each update.")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto")
+    heldout_samples: int = Field(8, ge=1, description="Samples per val problem for the held-out pass rate of "
+                                 "the starting and the final policy (paired, per problem).")
+    timeout_s: int = runtime_only(default=3600, gt=0, description="Kill one update's torchrun after this long.")
+
+
 class PipelineConfig(StageConfig):
     """Everything one pipeline run needs. Loadable from YAML; the Prefect flow's only parameter."""
 
@@ -407,6 +484,7 @@ class PipelineConfig(StageConfig):
     gate: GateConfig = Field(default_factory=GateConfig)
     problems: ProblemsConfig = Field(default_factory=ProblemsConfig, description="The executable "
                                      "problem set (`codemill problems`).")
+    rl: RLConfig = Field(default_factory=RLConfig, description="RL for code (`codemill rl`).")
 
 
 def preset_names() -> list[str]:

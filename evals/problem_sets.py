@@ -216,7 +216,9 @@ def read_source(src: ProblemSourceConfig, label: str, corpus: CorpusRows | None
             problems += read_problem_file(url, src.kind, src.storage_options, label)
         return problems, {}
     if src.kind == "synthetic":
-        return [replace(p, source=label) for p in synthetic_problems(src.seed, src.count)], {}
+        by_problem = src.split_by == "problem"
+        return [replace(p, source=label, split_unit=p.problem_id if by_problem else p.split_unit)
+                for p in synthetic_problems(src.seed, src.count)], {}
     if corpus is None:
         raise ValueError("a mined problem source needs the corpus (the plan's 'corpus' input)")
     from codemill.evals.mining import mine_doctest_problems
