@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 
 def runtime_only(**kwargs: Any) -> Any:
@@ -413,26 +413,6 @@ class RolloutConfig(StageConfig):
     overlap: bool = runtime_only(default=True, description="Judge batch i while batch i+1 is generated.")
 
 
-class GRPOConfig(StageConfig):
-    """The GRPO policy loss (verl/TRL/DAPO knobs; see README "RL for code")."""
-
-    clip_low: float = Field(0.2, ge=0, lt=1, description="Ratio clip below 1 (PPO epsilon).")
-    clip_high: float = Field(0.28, ge=0, description="Ratio clip above 1 (DAPO clip-higher: 0.28).")
-    kl_coef: float = Field(0.0, ge=0, description="KL penalty to the frozen starting policy (k3); 0 = off.")
-    loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = Field(
-        "token-mean", description="Loss aggregation: DAPO token-mean, GRPO seq-mean-token-mean, or Dr. GRPO's "
-                                  "constant normaliser (max_new_tokens).")
-    norm_adv_by_std: bool = Field(True, description="Divide group advantages by the group std (off = Dr. GRPO).")
-    dynamic_sampling: bool = Field(True, description="Drop groups whose rewards are all equal (DAPO).")
-    overlong_mask: bool = Field(True, description="Truncated completions ('length') get no loss.")
-    lr: float = Field(1e-4, gt=0, description="AdamW learning rate (constant after warmup).")
-    warmup_steps: int = Field(0, ge=0)
-    weight_decay: float = Field(0.0, ge=0)
-    epochs: int = Field(1, ge=1, description="Passes over an iteration's kept samples.")
-    micro_batch_size: int = Field(16, gt=0, description="Samples per rank per optimizer step.")
-    grad_clip: float = Field(1.0, gt=0)
-
-
 class FinetuneConfig(StageConfig):
     """A short supervised fine-tune with the pipeline's trainer (rejection sampling, the warm start)."""
 
@@ -456,12 +436,16 @@ class RLConfig(StageConfig):
                                 "samples of each iteration.")
     warm_start: FinetuneConfig = Field(default_factory=lambda: FinetuneConfig(max_steps=0), description=(
         "Before iteration 0: fine-tune on the train problems' reference solutions (0 steps = off)."))
-    parallelism: Literal["ddp", "fsdp"] = Field("ddp", description="Update under torchrun: DDP or FSDP2.")
-    nproc_per_node: int = Field(2, ge=1, description="torchrun processes of each update.")
-    device: Literal["auto", "cpu", "cuda"] = Field("auto")
     heldout_samples: int = Field(8, ge=1, description="Samples per val problem for the held-out pass rate of "
                                  "the starting and the final policy (paired, per problem).")
-    timeout_s: int = runtime_only(default=3600, gt=0, description="Kill one update's torchrun after this long.")
+
+    @model_validator(mode="after")
+    def _same_temperature(self) -> RLConfig:
+        """The update's log-probs must use the temperature the samples were drawn at (the ratio starts at 1)."""
+        if self.grpo.temperature != self.rollout.temperature:
+            raise ValueError(f"grpo.temperature ({self.grpo.temperature}) must equal rollout.temperature "
+                             f"({self.rollout.temperature}): the update scores tokens at the sampling temperature")
+        return self
 
 
 class PipelineConfig(StageConfig):
