@@ -9,7 +9,6 @@ format (safetensors).
 
 from __future__ import annotations
 
-import faulthandler
 import json
 import os
 import shutil
@@ -28,17 +27,18 @@ from transformers import PreTrainedModel
 
 from codemill import tags as T
 from codemill.config import TrainConfig
-from codemill.models import lifeline, parallel
+from codemill.models import parallel
 from codemill.models.batches import Batches, held_out_rows, model_inputs
 from codemill.models.build import build_model, count_parameters, load_pretrained
 from codemill.models.checkpoint import Checkpointer, committed_steps
+from codemill.models.common import STACK_DUMP_ENV, emit, full_state_dict, param_groups, start_rank
 from codemill.models.flops import flops_per_token, mfu, peak_flops
 from codemill.models.schedule import lr_multiplier
 
 if TYPE_CHECKING:
     from codemill.lineage import Lineage
 
-STACK_DUMP_ENV = "CODEMILL_STACK_DUMP_AFTER_S"
+__all__ = ["STACK_DUMP_ENV", "TrainSpec", "emit", "full_state_dict", "param_groups", "train", "write_export"]
 
 
 class TrainSpec(BaseModel):
@@ -53,10 +53,6 @@ class TrainSpec(BaseModel):
     seq_len: int
     dataset_name: str = "tokens"
     dataset_digest: str | None = None
-
-
-def emit(event: str, **fields) -> None:
-    print(json.dumps({"event": event, **fields}), flush=True)
 
 
 class RankZeroLogger:
@@ -130,16 +126,6 @@ class RankZeroLogger:
             if value is not None:
                 client.log_metric(self.run_id, key, value, step=step, model_id=m.model_id, dataset_name=dataset,
                                   dataset_digest=digest)
-
-
-def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
-    """Decay matrices only; norms and biases are not decayed."""
-    decay: list[torch.nn.Parameter] = []
-    no_decay: list[torch.nn.Parameter] = []
-    for _, p in model.named_parameters():
-        if p.requires_grad:
-            (decay if p.ndim >= 2 else no_decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
 def make_model(spec: TrainSpec) -> Any:
@@ -357,13 +343,6 @@ def train(spec: TrainSpec) -> dict[str, Any]:
     return Trainer(spec).train()
 
 
-def full_state_dict(model: torch.nn.Module) -> dict[str, Any]:
-    """Unsharded, on CPU (a collective under FSDP: every rank calls it)."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-
-
 @torch.no_grad()
 def validation_loss(module: torch.nn.Module, rows: tuple[np.ndarray, np.ndarray | None], cfg: TrainConfig,
                     d: parallel.Dist) -> float:
@@ -410,12 +389,8 @@ def main(argv: list[str] | None = None) -> int:
     if len(argv) != 1:
         print("usage: python -m codemill.models.trainer SPEC.json", file=sys.stderr)
         return 2
-    lifeline.arm()  # die with torchrun and with the launcher: never train on as an orphan
+    start_rank()  # die with torchrun and with the launcher; stack dumps on a hang
     spec = TrainSpec.model_validate_json(Path(argv[0]).read_text())
-    faulthandler.enable()
-    dump_after = os.environ.get(STACK_DUMP_ENV)
-    if dump_after:  # a hang (a stuck collective, a blocked write) shows every thread's stack before the kill
-        faulthandler.dump_traceback_later(float(dump_after), exit=False)
     train(spec)
     return 0
 
