@@ -22,15 +22,16 @@ class TrainingFailed(RuntimeError):
 
 def torchrun_command(spec_path: str, nproc_per_node: int, *, nnodes: str = "1", max_restarts: int = 0,
                      rdzv_endpoint: str | None = None, rdzv_id: str = "codemill",
-                     extra_args: Sequence[str] = ()) -> list[str]:
+                     extra_args: Sequence[str] = (), module: str = "codemill.models.trainer") -> list[str]:
     """Single node: ``--standalone``. Multi-node: the same command on every node with a shared c10d
     rendezvous endpoint (``host:29400``) and job id; torchrun restarts all workers on a failure, and the
-    trainer resumes from the last committed checkpoint."""
+    trainer resumes from the last committed checkpoint. ``module`` is the entrypoint (the trainer, or
+    ``codemill.models.rl_update`` for a GRPO update)."""
     rdzv = (["--standalone"] if rdzv_endpoint is None else
             ["--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}", f"--rdzv-id={rdzv_id}"])
     return [sys.executable, "-m", "torch.distributed.run", *rdzv, f"--nnodes={nnodes}",
             f"--nproc-per-node={nproc_per_node}", f"--max-restarts={max_restarts}", *extra_args,
-            "-m", "codemill.models.trainer", spec_path]
+            "-m", module, spec_path]
 
 
 def threads_per_rank(nproc_per_node: int) -> int:
