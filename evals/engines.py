@@ -1,0 +1,348 @@
+"""Rollout engines: k sampled completions per prompt, with the sampling policy's per-token log-probs.
+
+The interface (``RolloutEngine``) is what the RL loop needs from a generator and nothing more: ``generate``
+(k samples per prompt under ``RolloutParams``, one seed per prompt) and ``load_weights`` (weight sync after an
+update). ``HFEngine`` is the built-in engine on transformers; ``VLLMEngine`` uses vLLM when it is installed (a
+GPU machine; it is an optional extra and not installed here).
+
+**Log-prob convention** (docs/rl contract): the log-prob of a sampled token is
+``log_softmax(logits.float() / temperature)[token]`` over the model's raw logits at that position, before top-p
+truncation, in fp32. The GRPO update recomputes the current policy's log-probs the same way (see
+``teacher_forced_logprobs``), so the importance ratio is exactly 1 before the first optimizer step.
+
+**Determinism**: every sample draws its randomness from a generator of its own, seeded from (prompt seed, sample
+index) (``sample_seed``): a sample's tokens do not depend on which other prompts share its batch, the order
+batches run in, or which worker runs them. Batches that are the same (the same prompts in the same order) give
+bit-identical results; a different grouping changes only float rounding in the logits (the padded shapes differ).
+
+**Weights after an update** (``load_weights(hf_dir)``): the update writes the new policy as an HF folder
+(``save_pretrained`` model + tokenizer). ``HFEngine`` loads that folder's weights into its model in place.
+``VLLMEngine`` streams the folder's safetensors into the running engine's model through a worker extension
+(``collective_rpc`` -> ``model_runner.model.load_weights``), the pattern of vLLM's RLHF examples, then drops the
+prefix cache (its KV entries were computed with the old weights). Rebuilding the ``LLM`` from the folder also
+works but pays the engine start (CUDA graphs, memory profiling) every iteration.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import inspect
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+FINISH_REASONS = ("stop", "eos", "length")
+
+
+@dataclass(frozen=True)
+class RolloutParams:
+    """How to sample (like vLLM's SamplingParams). Greedy decoding (temperature 0) is not a rollout setting."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 128
+    stop: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.temperature > 0:
+            raise ValueError(f"temperature must be > 0 for rollouts, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if any(not s for s in self.stop):
+            raise ValueError("stop sequences must be non-empty strings")
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One sample. ``completion_ids`` are the tokens trained on: up to and including the one that completed a stop
+    sequence or was EOS; ``text`` is their decoded text cut at the first stop (stop excluded)."""
+
+    text: str
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str  # "stop" | "eos" | "length"
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """A generator the RL loop can drive. ``generate`` returns ``k`` completions per prompt, in prompt order;
+    ``seeds[i]`` fixes prompt i's samples whatever else is in the call."""
+
+    def generate(self, prompts: Sequence[str], k: int, params: RolloutParams,
+                 seeds: Sequence[int]) -> list[list[Completion]]: ...
+
+    def load_weights(self, hf_dir: str | Path) -> None: ...
+
+
+def derive_seed(*parts: object) -> int:
+    """A 63-bit seed from any values (a hash, so nearby inputs give unrelated streams)."""
+    digest = hashlib.blake2b("/".join(map(str, parts)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+def sample_seed(prompt_seed: int, sample: int) -> int:
+    return derive_seed("sample", prompt_seed, sample)
+
+
+def truncate_at_stop(text: str, stops: Sequence[str]) -> tuple[str, bool]:
+    """``text`` cut at the first occurrence of any stop, and whether one occurred."""
+    cut = min((i for i in (text.find(s) for s in stops) if i >= 0), default=-1)
+    return (text, False) if cut < 0 else (text[:cut], True)
+
+
+def sample_from(logp: torch.Tensor, top_p: float, uniforms: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF sampling of one token per row from ``exp(logp)`` (rows: (B, V) fp32 log-probs at the sampling
+    temperature), restricted to the top-p nucleus (the smallest set of most likely tokens whose mass reaches
+    ``top_p``; ties broken by token id). ``uniforms`` (B,) in [0, 1) are the rows' own draws."""
+    probs = logp.exp()
+    if top_p >= 1.0:
+        order = None
+        sorted_probs = probs
+    else:
+        sorted_probs, order = probs.sort(dim=-1, descending=True, stable=True)
+        before = sorted_probs.cumsum(-1) - sorted_probs
+        sorted_probs = sorted_probs.masked_fill(before >= top_p, 0.0)
+    cdf = sorted_probs.cumsum(-1)
+    target = (uniforms.to(cdf.dtype) * cdf[:, -1]).unsqueeze(-1)
+    idx = torch.searchsorted(cdf, target, right=True).clamp_(max=cdf.shape[-1] - 1)
+    # A target past the last non-zero entry (rounding) would land on a zero-probability token: step back to it.
+    idx = torch.where(sorted_probs.gather(-1, idx) > 0, idx, (cdf < cdf[:, -1:]).sum(-1, keepdim=True))
+    return (idx if order is None else order.gather(-1, idx)).squeeze(-1)
+
+
+@torch.no_grad()
+def teacher_forced_logprobs(model: Any, prompt_ids: Sequence[int], completion_ids: Sequence[int],
+                            temperature: float) -> list[float]:
+    """The contract's log-probs of ``completion_ids`` after ``prompt_ids``, from one unpadded forward pass (what the
+    update computes); the reference the engines are tested against."""
+    device = next(model.parameters()).device
+    ids = torch.tensor([list(prompt_ids) + list(completion_ids)], device=device)
+    logits = model(input_ids=ids).logits[0, len(prompt_ids) - 1:-1].float()
+    logp = torch.log_softmax(logits / temperature, dim=-1)
+    return logp.gather(-1, torch.tensor(list(completion_ids), device=device).unsqueeze(-1)).squeeze(-1).tolist()
+
+
+def _eos_ids(tokenizer: Any, model: Any) -> set[int]:
+    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    cfg = getattr(model, "generation_config", None)
+    extra = getattr(cfg, "eos_token_id", None)
+    if isinstance(extra, int):
+        ids.add(extra)
+    elif isinstance(extra, list):
+        ids.update(int(i) for i in extra)
+    return ids
+
+
+class HFEngine:
+    """Batched sampling on a transformers causal LM: left padding, a KV cache, one forward per new token.
+
+    Its own loop rather than ``model.generate``: each row samples from its own generator (``sample_seed``), the
+    stop check runs on every token (so ``completion_ids`` end exactly at the token that completed the stop), and
+    the log-probs come from the same fp32 logits the token was drawn from. ``rows_per_forward`` caps how many
+    rows (prompts x k) share one forward pass; prompts are left-truncated to fit the context."""
+
+    def __init__(self, policy_dir: str | Path, *, device: str | torch.device = "cpu", rows_per_forward: int = 64,
+                 max_context: int | None = None, dtype: torch.dtype = torch.float32) -> None:
+        from transformers import AutoTokenizer
+
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.rows_per_forward = rows_per_forward
+        self.tokenizer = AutoTokenizer.from_pretrained(str(policy_dir))
+        self.model = self._load_model(policy_dir)
+        self.policy_dir = str(policy_dir)
+        self.max_context = max_context or int(getattr(self.model.config, "max_position_embeddings", 2048))
+        self.eos = _eos_ids(self.tokenizer, self.model)
+        pad = self.tokenizer.pad_token_id
+        self.pad_id = int(pad if pad is not None else min(self.eos, default=0))
+        # transformers 5.x names the KV cache ``cache`` (argument and output); 4.x ``past_key_values``.
+        params = inspect.signature(self.model.forward).parameters
+        self._cache_arg = "cache" if "cache" in params else "past_key_values"
+
+    def _load_model(self, hf_dir: str | Path) -> Any:
+        from transformers import AutoModelForCausalLM
+
+        model: Any = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=self.dtype)
+        return model.to(self.device).eval()
+
+    def load_weights(self, hf_dir: str | Path) -> None:
+        """The updated policy's weights from its exported HF folder, loaded into the model in place (strict: the
+        same architecture and parameter names)."""
+        fresh = self._load_model(hf_dir)
+        self.model.load_state_dict(fresh.state_dict(), strict=True)
+        self.policy_dir = str(hf_dir)
+
+    def encode(self, prompt: str, max_new_tokens: int) -> list[int]:
+        budget = max(1, self.max_context - max_new_tokens)
+        ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"][-budget:]
+        if not ids:
+            raise ValueError(f"prompt {prompt[:40]!r} encodes to no tokens")
+        return list(ids)
+
+    def generate(self, prompts: Sequence[str], k: int, params: RolloutParams, seeds: Sequence[int], *,
+                 logprobs: bool = True) -> list[list[Completion]]:
+        """``k`` samples per prompt. ``logprobs=False`` skips the log-prob bookkeeping (the benchmark's bare
+        reference); the sampled tokens are the same either way."""
+        if len(seeds) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(seeds)} seeds")
+        rows = [(i, j) for i in range(len(prompts)) for j in range(k)]
+        encoded = [self.encode(p, params.max_new_tokens) for p in prompts]
+        out: list[list[Completion]] = [[] for _ in prompts]
+        for start in range(0, len(rows), self.rows_per_forward):
+            chunk = rows[start:start + self.rows_per_forward]
+            done = self._generate_rows([encoded[i] for i, _ in chunk],
+                                       [sample_seed(int(seeds[i]), j) for i, j in chunk], params, logprobs)
+            for (i, _), completion in zip(chunk, done, strict=True):
+                out[i].append(completion)
+        return out
+
+    @torch.no_grad()
+    def _generate_rows(self, prompt_ids: list[list[int]], row_seeds: list[int], params: RolloutParams,
+                       want_logprobs: bool) -> list[Completion]:
+        n, width, steps = len(prompt_ids), max(len(p) for p in prompt_ids), params.max_new_tokens
+        ids = torch.full((n, width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((n, width), dtype=torch.long)
+        for r, p in enumerate(prompt_ids):
+            ids[r, width - len(p):] = torch.tensor(p)
+            mask[r, width - len(p):] = 1
+        uniforms = torch.stack([torch.rand(steps, generator=torch.Generator().manual_seed(s)) for s in row_seeds])
+        ids, mask, uniforms = ids.to(self.device), mask.to(self.device), uniforms.to(self.device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        tokens: list[list[int]] = [[] for _ in range(n)]
+        lps: list[list[float]] = [[] for _ in range(n)]
+        reason: list[str | None] = [None] * n
+        texts = [""] * n
+        longest_stop = max((len(s) for s in params.stop), default=0)
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
+                         logits_to_keep=1)
+        next_pos = positions[:, -1:] + 1
+        for t in range(steps):
+            logp = torch.log_softmax(out.logits[:, -1, :].float() / params.temperature, dim=-1)
+            chosen = sample_from(logp, params.top_p, uniforms[:, t])
+            chosen_list = chosen.tolist()
+            chosen_lp = logp.gather(-1, chosen.unsqueeze(-1)).squeeze(-1).tolist() if want_logprobs else None
+            for r in range(n):
+                if reason[r] is not None:
+                    continue
+                tok = chosen_list[r]
+                tokens[r].append(tok)
+                if chosen_lp is not None:
+                    lps[r].append(chosen_lp[r])
+                if tok in self.eos:
+                    reason[r] = "eos"
+                elif params.stop:
+                    text = str(self.tokenizer.decode(tokens[r], skip_special_tokens=True))
+                    tail = text[max(0, len(texts[r]) - longest_stop + 1):]
+                    texts[r] = text
+                    if any(s in tail for s in params.stop):
+                        reason[r] = "stop"
+                if reason[r] is None and len(tokens[r]) == steps:
+                    reason[r] = "length"
+            if all(r is not None for r in reason):
+                break
+            feed = torch.tensor([tokens[r][-1] if reason[r] is None else self.pad_id for r in range(n)],
+                                device=self.device).unsqueeze(-1)
+            mask = torch.cat([mask, torch.ones((n, 1), dtype=mask.dtype, device=self.device)], dim=-1)
+            out = self.model(input_ids=feed, attention_mask=mask, position_ids=next_pos, use_cache=True,
+                             **{self._cache_arg: getattr(out, self._cache_arg)})
+            next_pos = next_pos + 1
+        result = []
+        for r in range(n):
+            text, _ = truncate_at_stop(str(self.tokenizer.decode(tokens[r], skip_special_tokens=True)), params.stop)
+            result.append(Completion(text, list(prompt_ids[r]), tokens[r], lps[r], str(reason[r])))
+        return result
+
+
+def _iter_safetensors(hf_dir: str) -> Iterator[tuple[str, torch.Tensor]]:
+    from safetensors.torch import safe_open
+
+    for path in sorted(Path(hf_dir).glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as fh:
+            for name in fh.keys():  # noqa: SIM118 (safe_open has no __iter__)
+                yield name, fh.get_tensor(name)
+
+
+class VLLMWorkerExtension:
+    """Mixed into every vLLM worker (``LLM(worker_extension_cls=...)``): loads an HF folder's safetensors into the
+    running model, so weight sync needs no engine restart. Called through ``LLM.collective_rpc``."""
+
+    model_runner: Any  # provided by the vLLM worker this class is mixed into
+
+    def codemill_load_weights(self, hf_dir: str) -> None:
+        self.model_runner.model.load_weights(weights=_iter_safetensors(hf_dir))
+
+
+class VLLMEngine:
+    """vLLM behind the same interface (optional: ``pip install vllm`` on a GPU machine).
+
+    One request per prompt with ``SamplingParams(n=k, seed=prompt seed, logprobs=0)``: vLLM seeds each request's
+    generator, so a prompt's k samples do not depend on the rest of the batch (the same idea as ``HFEngine``;
+    the two engines do not draw the same samples).
+
+    Log-probs: vLLM returns by default *raw* log-probs (``log_softmax`` of the logits before temperature).
+    ``logprobs_mode="processed_logprobs"`` returns them after temperature **and** after top-k/top-p (renormalised
+    over the nucleus), so it equals the contract's value only when top_p is 1, which is what this engine uses
+    then. With top_p < 1 the engine recomputes the log-probs with a teacher-forced pass of an HF copy of the
+    policy (``teacher_forced_logprobs``; set ``recompute_device``), the same computation the update does.
+    vLLM computes in bf16 by default: its log-probs differ from the trainer's fp32 ones by kernel rounding (the
+    sampler/trainer mismatch TRL corrects with importance sampling); pass ``dtype="float32"`` to narrow it.
+    Stops: vLLM's ``stop`` strings end a sample and are excluded from its text; its ``token_ids`` then include the
+    token that completed the stop, as the contract wants (``finish_reason`` "stop" with ``stop_reason`` None is EOS).
+    """
+
+    def __init__(self, policy_dir: str | Path, *, dtype: str = "bfloat16", gpu_memory_utilization: float = 0.5,
+                 recompute_device: str = "cuda", **llm_kwargs: Any) -> None:
+        try:
+            vllm = importlib.import_module("vllm")
+        except ImportError as exc:
+            raise RuntimeError("VLLMEngine needs vLLM (pip install vllm, on a GPU machine)") from exc
+        self._vllm = vllm
+        self.policy_dir = str(policy_dir)
+        self.recompute_device = recompute_device
+        self._hf: HFEngine | None = None
+        self.llm = vllm.LLM(model=self.policy_dir, dtype=dtype, gpu_memory_utilization=gpu_memory_utilization,
+                            logprobs_mode="processed_logprobs",
+                            worker_extension_cls=f"{__name__}.VLLMWorkerExtension", **llm_kwargs)
+        self.tokenizer = self.llm.get_tokenizer()
+
+    def load_weights(self, hf_dir: str | Path) -> None:
+        self.llm.collective_rpc("codemill_load_weights", args=(str(hf_dir),))
+        self.llm.reset_prefix_cache()
+        if self._hf is not None:
+            self._hf.load_weights(hf_dir)
+        self.policy_dir = str(hf_dir)
+
+    def generate(self, prompts: Sequence[str], k: int, params: RolloutParams,
+                 seeds: Sequence[int]) -> list[list[Completion]]:
+        sp = [self._vllm.SamplingParams(n=k, seed=int(s) % (2**31), temperature=params.temperature,
+                                        top_p=params.top_p, max_tokens=params.max_new_tokens, stop=list(params.stop),
+                                        logprobs=0, include_stop_str_in_output=False)
+              for s in seeds]
+        outputs = self.llm.generate(list(prompts), sampling_params=sp, use_tqdm=False)
+        result = []
+        for req in outputs:
+            prompt_ids = list(req.prompt_token_ids)
+            group = []
+            for c in req.outputs:
+                ids = list(c.token_ids)
+                if params.top_p < 1.0:
+                    lps = teacher_forced_logprobs(self._recompute_model(), prompt_ids, ids, params.temperature)
+                else:
+                    lps = [float(step[tok].logprob) for step, tok in zip(c.logprobs, ids, strict=True)]
+                reason = "length" if c.finish_reason == "length" else ("stop" if c.stop_reason is not None
+                                                                       else "eos")
+                group.append(Completion(c.text, prompt_ids, ids, lps, reason))
+            result.append(group)
+        return result
+
+    def _recompute_model(self) -> Any:
+        if self._hf is None:
+            self._hf = HFEngine(self.policy_dir, device=self.recompute_device)
+        return self._hf.model

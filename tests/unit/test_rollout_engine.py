@@ -1,0 +1,197 @@
+"""The built-in rollout engine on a tiny real model: log-probs as the update recomputes them, stop sequences cut text
+and token ids alike, finish reasons, determinism independent of batching, weight sync; the rollouts table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from codemill.evals.engines import (
+    HFEngine,
+    RolloutEngine,
+    RolloutParams,
+    sample_from,
+    teacher_forced_logprobs,
+)
+from codemill.evals.rollout import ROLLOUT_SCHEMA, RolloutsSchemaError, read_rollouts, write_rollouts
+from codemill.evals.synthetic import synthetic_problems
+from tests.tiny_policy import make_policy
+
+PROMPTS = [p.prompt for p in synthetic_problems(3, 6)]
+SEEDS = [11, 12, 13, 14, 15, 16]
+
+
+@pytest.fixture(scope="module")
+def policy(tmp_path_factory) -> Path:
+    return make_policy(tmp_path_factory.mktemp("policy"))
+
+
+@pytest.fixture(scope="module")
+def engine(policy) -> HFEngine:
+    return HFEngine(policy, rows_per_forward=64)
+
+
+def _flat(groups):
+    return [c for g in groups for c in g]
+
+
+def test_logprobs_equal_a_teacher_forced_recompute(engine):
+    """Incremental decoding with a KV cache under left padding gives the log-probs one unpadded forward pass gives
+    (the update's recompute), at temperature != 1 and with top-p truncation (the log-prob is before truncation)."""
+    assert isinstance(engine, RolloutEngine)
+    params = RolloutParams(temperature=0.7, top_p=0.9, max_new_tokens=20)
+    out = engine.generate(PROMPTS, 3, params, SEEDS)
+    assert [len(g) for g in out] == [3] * len(PROMPTS)
+    worst = 0.0
+    for c in _flat(out):
+        assert len(c.logprobs) == len(c.completion_ids) > 0
+        ref = teacher_forced_logprobs(engine.model, c.prompt_ids, c.completion_ids, params.temperature)
+        worst = max(worst, max(abs(a - b) for a, b in zip(ref, c.logprobs, strict=True)))
+    assert worst < 1e-5
+    # Left padding really happened: the prompts have different lengths.
+    assert len({len(c.prompt_ids) for c in _flat(out)}) > 1
+
+
+def test_every_sampled_token_is_inside_the_nucleus(engine):
+    params = RolloutParams(temperature=1.0, top_p=0.5, max_new_tokens=12)
+    for c in _flat(engine.generate(PROMPTS[:3], 2, params, SEEDS[:3])):
+        ids = torch.tensor([c.prompt_ids + c.completion_ids])
+        with torch.no_grad():
+            logits = engine.model(input_ids=ids).logits[0, len(c.prompt_ids) - 1:-1].float()
+        probs = torch.softmax(logits, -1)
+        for row, tok in zip(probs, c.completion_ids, strict=True):
+            mass_before = row[row > row[tok]].sum().item()  # mass of the strictly more likely tokens
+            assert mass_before < 0.5 + 1e-6
+
+
+def test_sample_from_follows_the_distribution():
+    """Inverse-CDF draws land where the uniforms say, and never on a zero-probability or truncated token."""
+    logp = torch.log(torch.tensor([[0.1, 0.0, 0.6, 0.3]]))
+    pick = [sample_from(logp, 1.0, torch.tensor([u])).item() for u in (0.05, 0.2, 0.69, 0.71, 0.999)]
+    assert pick == [0, 2, 2, 3, 3]
+    # top_p 0.7: the nucleus is {2 (0.6), 3 (0.3)}, renormalised to 2/3, 1/3.
+    pick = [sample_from(logp, 0.7, torch.tensor([u])).item() for u in (0.0, 0.6, 0.7, 0.999)]
+    assert pick == [2, 2, 3, 3]
+
+
+def test_stop_sequences_cut_text_and_token_ids_consistently(engine):
+    """With a stop string, each sample is the unstopped sample (same seeds) up to the token that completes the
+    stop: the text is cut before the stop, completion_ids end at that token, the log-probs are the same prefix."""
+    free = RolloutParams(temperature=1.0, max_new_tokens=24)
+    base = _flat(engine.generate(PROMPTS, 2, free, SEEDS))
+    tok = engine.tokenizer
+    # A stop string taken from the middle of one sample's text: it occurs in some samples and not in others.
+    text = next(c.text for c in base if len(c.text) > 12 and "\ufffd" not in c.text[6:8])
+    stop = text[6:8]
+    stopped = _flat(engine.generate(PROMPTS, 2, RolloutParams(temperature=1.0, max_new_tokens=24, stop=(stop,)),
+                                    SEEDS))
+    hits = 0
+    for full, cut in zip(base, stopped, strict=True):
+        first = next((n for n in range(1, len(full.completion_ids) + 1)
+                      if stop in tok.decode(full.completion_ids[:n], skip_special_tokens=True)), None)
+        if first is None or (full.finish_reason == "eos" and first == len(full.completion_ids)):
+            assert cut.completion_ids == full.completion_ids and cut.finish_reason == full.finish_reason
+            assert cut.text == full.text and stop not in cut.text
+            continue
+        hits += 1
+        assert cut.finish_reason == "stop"
+        assert cut.completion_ids == full.completion_ids[:first]
+        assert cut.logprobs == full.logprobs[:first]
+        decoded = tok.decode(cut.completion_ids, skip_special_tokens=True)
+        assert cut.text == decoded[:decoded.index(stop)] and stop not in cut.text
+        assert stop not in tok.decode(cut.completion_ids[:-1], skip_special_tokens=True)
+    assert hits >= 1
+
+
+def test_finish_reasons_length_and_eos(engine):
+    out = _flat(engine.generate(PROMPTS, 4, RolloutParams(temperature=1.3, max_new_tokens=10), SEEDS))
+    reasons = {c.finish_reason for c in out}
+    assert reasons <= {"length", "eos"} and "length" in reasons
+    for c in out:
+        if c.finish_reason == "length":
+            assert len(c.completion_ids) == 10 and 0 not in c.completion_ids
+        else:
+            assert c.completion_ids[-1] == 0 and c.completion_ids.count(0) == 1 and len(c.completion_ids) <= 10
+            assert c.text == engine.tokenizer.decode(c.completion_ids[:-1], skip_special_tokens=True)
+    assert "eos" in reasons  # the untrained tiny model ends some samples with EOS at this temperature
+
+
+def test_samples_do_not_depend_on_batching(policy, engine):
+    """A prompt's samples depend on its seed only: the same whether it shares a forward pass with other prompts,
+    runs alone, or runs in a smaller chunk of rows; another seed gives other samples."""
+    params = RolloutParams(temperature=1.0, max_new_tokens=16)
+    together = engine.generate(PROMPTS, 3, params, SEEDS)
+    again = engine.generate(PROMPTS, 3, params, SEEDS)
+    small_chunks = HFEngine(policy, rows_per_forward=4).generate(PROMPTS[::-1], 3, params, SEEDS[::-1])[::-1]
+    alone = [engine.generate([p], 3, params, [s])[0] for p, s in zip(PROMPTS[:2], SEEDS[:2], strict=True)]
+    assert together == again  # bit-identical for the same call
+    for other in (small_chunks, alone):
+        for g1, g2 in zip(together, other, strict=False):
+            for a, b in zip(g1, g2, strict=True):
+                assert (a.completion_ids, a.text, a.finish_reason) == (b.completion_ids, b.text, b.finish_reason)
+                assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < 1e-5
+    reseeded = engine.generate(PROMPTS, 3, params, [s + 100 for s in SEEDS])
+    assert [c.completion_ids for c in _flat(reseeded)] != [c.completion_ids for c in _flat(together)]
+    # The k samples of one prompt differ from each other.
+    assert len({tuple(c.completion_ids) for c in together[0]}) == 3
+
+
+def test_load_weights_syncs_the_engine_to_an_updated_policy(policy, tmp_path):
+    other = make_policy(tmp_path / "other", seed=5)
+    params = RolloutParams(temperature=1.0, max_new_tokens=12)
+    fresh = HFEngine(other).generate(PROMPTS[:2], 2, params, SEEDS[:2])
+    engine = HFEngine(policy)
+    before = engine.generate(PROMPTS[:2], 2, params, SEEDS[:2])
+    engine.load_weights(other)
+    assert engine.generate(PROMPTS[:2], 2, params, SEEDS[:2]) == fresh != before
+    assert engine.policy_dir == str(other)
+
+
+def test_bad_params_are_refused():
+    with pytest.raises(ValueError, match="temperature"):
+        RolloutParams(temperature=0.0)
+    with pytest.raises(ValueError, match="top_p"):
+        RolloutParams(top_p=0.0)
+    with pytest.raises(ValueError, match="stop"):
+        RolloutParams(stop=("",))
+
+
+def _row(group: int, sample: int, **kw):
+    row = {"problem_id": f"p{group}", "group": group, "sample": sample, "prompt": "def f():\n", "completion": "  x",
+           "prompt_ids": [1, 2], "completion_ids": [3, 4], "logprobs": [-0.5, -1.25], "finish_reason": "stop",
+           "reward": 1.0, "partial": 1.0, "outcome": "passed", "duration_s": 0.01, "suspicious": ""}
+    return {**row, **kw}
+
+
+def test_rollouts_table_round_trips_with_the_exact_schema(tmp_path):
+    rows = [_row(0, 0), _row(0, 1, reward=0.0, partial=0.5, outcome="failed"), _row(1, 0, finish_reason="length")]
+    path = write_rollouts(rows, tmp_path)
+    assert path == tmp_path / "rollouts.parquet"
+    table = read_rollouts(path)
+    assert table.schema == ROLLOUT_SCHEMA
+    assert table.to_pylist() == rows
+    assert [p.name for p in tmp_path.iterdir()] == ["rollouts.parquet"]  # no temporary file left
+
+
+def test_rollouts_reader_says_what_is_wrong(tmp_path):
+    good = pa.Table.from_pylist([_row(0, 0), _row(0, 1)], schema=ROLLOUT_SCHEMA)
+    cases = {
+        "missing columns \\['reward'\\]": good.drop_columns(["reward"]),
+        "column 'group' is int64, expected int32": good.set_column(1, "group", pa.array([0, 0], pa.int64())),
+        "unexpected columns \\['extra'\\]": good.append_column("extra", pa.array([1, 2])),
+        "not sorted": pa.Table.from_pylist([_row(0, 1), _row(0, 0)], schema=ROLLOUT_SCHEMA),
+        "different number of log-probs": pa.Table.from_pylist([_row(0, 0, logprobs=[-1.0])], schema=ROLLOUT_SCHEMA),
+        "unknown finish_reason": pa.Table.from_pylist([_row(0, 0, finish_reason="eos_token")],
+                                                      schema=ROLLOUT_SCHEMA),
+    }
+    for i, (message, table) in enumerate(cases.items()):
+        path = tmp_path / f"bad{i}.parquet"
+        pq.write_table(table, path)
+        with pytest.raises(RolloutsSchemaError, match=message):
+            read_rollouts(path)
+    with pytest.raises(RolloutsSchemaError, match="not sorted"):
+        write_rollouts([_row(1, 0), _row(0, 0)], tmp_path / "x.parquet")
