@@ -1,0 +1,245 @@
+"""The GRPO update under torchrun (2 ranks, gloo): it moves log-probs the way the advantages say, resumes exactly
+after SIGKILL, runs under DDP and FSDP2 alike, and exports the policy unchanged when no group has a signal.
+
+The policy is a tiny Llama with the project's BPE tokenizer; the rollouts table follows the issue 14 contract,
+its log-probs computed by the policy itself (the sampler's convention), so the first ratio is 1."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from codemill.config import GRPOConfig, ModelConfig
+from codemill.models.checkpoint import committed_steps
+from codemill.models.launch import torchrun_command
+from codemill.models.rl_update import SUMMARY, RLUpdateSpec, update
+
+pytestmark = pytest.mark.integration
+GROUPS, K, MAX_NEW = 6, 4, 6
+EVERY, KILL_AT = 2, 5
+TEXTS = ["def add(a, b):\n    return a + b\n", "def square(x):\n    return x * x\n",
+         "def is_even(n):\n    return n % 2 == 0\n", "def first(xs):\n    return xs[0]\n"] * 8
+
+
+@pytest.fixture(scope="module")
+def policy(tmp_path_factory) -> Path:
+    """A train-stage-style HF folder: tiny Llama weights + the project's tokenizer files."""
+    from codemill.data.tokenizer import save_tokenizer, train_bpe
+    from codemill.models.build import build_model
+
+    root = tmp_path_factory.mktemp("rl-policy")
+    info = save_tokenizer(train_bpe(TEXTS, vocab_size=300, min_frequency=1), root / "tok")
+    vocab = len(json.loads((root / "tok" / "tokenizer.json").read_text())["model"]["vocab"])
+    cfg = ModelConfig(hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2)
+    model = build_model(cfg, vocab_size=vocab, max_len=64, eos_id=0, pad_id=1, seed=11)
+    model.save_pretrained(str(root / "hf"))
+    for f in (root / "tok" / "hf").iterdir():
+        shutil.copy2(f, root / "hf" / f.name)
+    assert info  # save_tokenizer reports what it wrote
+    return root / "hf"
+
+
+def _logprobs(model, prompt: list[int], completion: list[int], temperature: float) -> list[float]:
+    """The contract's convention, one row at a time (as a sampler would see it)."""
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([prompt + completion])).logits[0].float()
+    logp = torch.log_softmax(logits[len(prompt) - 1:-1] / temperature, -1)
+    return logp.gather(-1, torch.tensor(completion)[:, None]).squeeze(-1).tolist()
+
+
+def _write_rollouts(policy: Path, path: Path, rewards: list[list[float]], temperature: float = 1.0) -> Path:
+    """One group per prompt; random completions of 2..MAX_NEW tokens, the last sample of group 0 truncated."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(policy))
+    model = AutoModelForCausalLM.from_pretrained(str(policy)).eval()
+    rng = np.random.default_rng(0)
+    rows: dict[str, list] = {k: [] for k in ["problem_id", "group", "sample", "prompt", "completion", "prompt_ids",
+                                             "completion_ids", "logprobs", "finish_reason", "reward", "partial",
+                                             "outcome", "duration_s", "suspicious"]}
+    for g, group_rewards in enumerate(rewards):
+        prompt = TEXTS[g % 4].split("\n")[0] + "\n"
+        prompt_ids = tok(prompt, add_special_tokens=False)["input_ids"]
+        for s, r in enumerate(group_rewards):
+            truncated = g == 0 and s == len(group_rewards) - 1
+            n = MAX_NEW if truncated else int(rng.integers(2, MAX_NEW))
+            completion = rng.integers(5, len(tok), size=n).tolist()
+            rows["problem_id"].append(f"p{g}")
+            rows["group"].append(g)
+            rows["sample"].append(s)
+            rows["prompt"].append(prompt)
+            rows["completion"].append(tok.decode(completion))
+            rows["prompt_ids"].append(prompt_ids)
+            rows["completion_ids"].append(completion)
+            rows["logprobs"].append(_logprobs(model, prompt_ids, completion, temperature))
+            rows["finish_reason"].append("length" if truncated else "stop")
+            rows["reward"].append(r)
+            rows["partial"].append(r)
+            rows["outcome"].append("passed" if r >= 1 else "failed")
+            rows["duration_s"].append(0.01)
+            rows["suspicious"].append("")
+    schema = pa.schema([("problem_id", pa.string()), ("group", pa.int32()), ("sample", pa.int32()),
+                        ("prompt", pa.string()), ("completion", pa.string()),
+                        ("prompt_ids", pa.list_(pa.int32())), ("completion_ids", pa.list_(pa.int32())),
+                        ("logprobs", pa.list_(pa.float32())), ("finish_reason", pa.string()),
+                        ("reward", pa.float64()), ("partial", pa.float64()), ("outcome", pa.string()),
+                        ("duration_s", pa.float64()), ("suspicious", pa.string())])
+    pq.write_table(pa.table(rows, schema=schema), path)
+    return path
+
+
+# groups 0-2 and 4 mixed (group 0's truncated sample masked), group 3 all pass and group 5 all fail (dropped)
+REWARDS = [[1, 0, 0, 1], [0, 1, 0, 0], [1, 1, 0, 1], [1, 1, 1, 1], [0, 1, 1, 0], [0, 0, 0, 0]]
+
+
+@pytest.fixture(scope="module")
+def rollouts(policy, tmp_path_factory) -> Path:
+    return _write_rollouts(policy, tmp_path_factory.mktemp("rl-rollouts") / "rollouts.parquet",
+                           [[float(r) for r in g] for g in REWARDS])
+
+
+def _spec(policy: Path, rollouts: Path, work: Path, parallelism: str = "ddp", **grpo) -> Path:
+    cfg = GRPOConfig(lr=2e-3, epochs=3, micro_batch_size=2, grad_accum=2, parallelism=parallelism,
+                     nproc_per_node=2, device="cpu", checkpoint_every=EVERY, keep_checkpoints=1, **grpo)
+    spec = RLUpdateSpec(grpo=cfg, policy_dir=str(policy), rollouts_path=str(rollouts), out_dir=str(work / "out"),
+                        ckpt_dir=str(work / "ckpt"), max_new_tokens=MAX_NEW,
+                        reference_dir=str(policy) if parallelism == "fsdp" else None)
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "spec.json").write_text(spec.model_dump_json())
+    return work / "spec.json"
+
+
+def _run(spec: Path, kill_at: int | None = None) -> list[dict]:
+    """torchrun to the end, or SIGKILL its process group once rank 0 reports step ``kill_at``."""
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(torchrun_command(str(spec), 2, module="codemill.models.rl_update"),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            start_new_session=True)
+    assert proc.stdout is not None
+    events, tail = [], []
+    for line in proc.stdout:
+        tail.append(line)
+        if line.startswith("{"):
+            events.append(json.loads(line))
+            if kill_at is not None and events[-1]["event"] == "step" and events[-1]["step"] >= kill_at:
+                os.killpg(proc.pid, signal.SIGKILL)
+                break
+    proc.wait(timeout=120)
+    if kill_at is None:
+        assert proc.returncode == 0, "".join(tail[-40:])
+    return events
+
+
+@pytest.fixture(scope="module")
+def ddp_run(policy, rollouts, tmp_path_factory) -> tuple[Path, list[dict]]:
+    work = tmp_path_factory.mktemp("rl-ddp")
+    return work, _run(_spec(policy, rollouts, work))
+
+
+def _seq_logprobs(model_dir: Path, table: dict) -> np.ndarray:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir)).eval()
+    return np.array([sum(_logprobs(model, list(p), list(c), 1.0))
+                     for p, c in zip(table["prompt_ids"], table["completion_ids"], strict=True)])
+
+
+def test_update_moves_logprobs_with_the_advantages(policy, rollouts, ddp_run):
+    work, events = ddp_run
+    done = events[-1]
+    assert done["event"] == "done"
+    m = done["metrics"]
+    assert (m["groups"], m["groups_kept"], m["groups_dropped"], m["groups_zero_variance"]) == (6, 4, 2, 2)
+    assert (m["samples"], m["samples_truncated"], m["samples_kept"]) == (24, 1, 15)
+    assert m["steps"] == 3 * 2 and [e["step"] for e in events if e["event"] == "step"] == [1, 2, 3, 4, 5, 6]
+    first = next(e for e in events if e["event"] == "step")
+    assert first["ratio_min"] == pytest.approx(1.0, abs=1e-4) and first["ratio_max"] == pytest.approx(1.0, abs=1e-4)
+    assert first["kl_old"] == pytest.approx(0.0, abs=1e-6)
+    for key in ["loss", "pg_loss", "kl", "entropy", "clip_frac_low", "clip_frac_high", "ratio_mean", "ratio_min",
+                "ratio_max", "tokens", "grad_norm", "update_s", "tokens_per_s"]:
+        assert isinstance(m[key], float | int), key
+    assert m["kl"] > 0 and m["entropy"] > 0 and m["ratio_max"] > 1.0
+
+    out = work / "out"
+    summary = json.loads((out / SUMMARY).read_text())
+    assert summary["metrics"]["steps"] == 6 and len(summary["history"]) == 6
+    assert {p.name for p in Path(policy).iterdir() if "token" in p.name} <= {p.name for p in out.iterdir()}
+    from transformers import AutoTokenizer
+
+    assert len(AutoTokenizer.from_pretrained(str(out))) == len(AutoTokenizer.from_pretrained(str(policy)))
+
+    table = pq.read_table(rollouts).to_pydict()
+    before, after = _seq_logprobs(policy, table), _seq_logprobs(out, table)
+    from codemill.models.grpo import group_advantages
+
+    adv = group_advantages(table["reward"], table["group"])
+    trained = (adv != 0) & (np.array(table["finish_reason"]) != "length")
+    delta = after - before
+    print("log-prob change, positive:", delta[trained & (adv > 0)].round(2),
+          "negative:", delta[trained & (adv < 0)].round(2))
+    assert (delta[trained & (adv > 0)] > 0).all()
+    assert (delta[trained & (adv < 0)] < 0).all()
+
+
+def test_sigkill_and_resume_is_bit_identical(policy, rollouts, ddp_run, tmp_path):
+    straight, _ = ddp_run
+    spec = _spec(policy, rollouts, tmp_path)
+    _run(spec, kill_at=KILL_AT)
+    assert not (tmp_path / "out").exists()  # nothing export-like before the end
+    assert committed_steps(tmp_path / "ckpt") == [(KILL_AT // EVERY) * EVERY]
+    events = _run(spec)
+    assert {"event": "resumed", "step": 4} in events
+    assert [e["step"] for e in events if e["event"] == "step"] == [5, 6]
+    a = load_file(str(straight / "out" / "model.safetensors"))
+    b = load_file(str(tmp_path / "out" / "model.safetensors"))
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+    ref = json.loads((straight / "out" / SUMMARY).read_text())["history"]
+    got = json.loads((tmp_path / "out" / SUMMARY).read_text())["history"]
+    assert got == ref  # the steps before the kill come from the checkpoint, those after match to the bit
+
+
+def test_fsdp_with_a_reference_matches_ddp(policy, rollouts, ddp_run, tmp_path):
+    """FSDP2 (and a reference model, kl_coef 0: only measured) gives the DDP run's weights up to reduction order;
+    the reference is the sampling policy, so the first step's KL to it is 0."""
+    straight, _ = ddp_run
+    events = _run(_spec(policy, rollouts, tmp_path, parallelism="fsdp"))
+    steps = [e for e in events if e["event"] == "step"]
+    assert steps[0]["kl_ref"] == pytest.approx(0.0, abs=1e-6) and steps[-1]["kl_ref"] > 0
+    assert steps[-1]["kl"] == steps[-1]["kl_ref"]
+    a = load_file(str(straight / "out" / "model.safetensors"))
+    b = load_file(str(tmp_path / "out" / "model.safetensors"))
+    for name in a:
+        torch.testing.assert_close(b[name], a[name], rtol=1e-4, atol=1e-5)
+    assert any(not torch.equal(a[n], load_file(str(policy / "model.safetensors"))[n]) for n in a)
+
+
+def test_no_group_with_a_signal_exports_the_policy_unchanged(policy, tmp_path):
+    """All groups zero-variance: nothing to learn, so the export is the policy itself and the metrics say so
+    (one rank, in process: the skip path loads no model)."""
+    rollouts = _write_rollouts(policy, tmp_path / "rollouts.parquet", [[1.0] * 3, [0.0] * 3])
+    spec = RLUpdateSpec.model_validate_json(_spec(policy, rollouts, tmp_path).read_text())
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    try:
+        summary = update(spec)
+    finally:
+        torch.use_deterministic_algorithms(deterministic)
+    m = summary["metrics"]
+    assert (m["groups"], m["groups_kept"], m["groups_dropped"], m["steps"]) == (2, 0, 2, 0)
+    assert "dynamic sampling" in summary["skipped"]
+    out = tmp_path / "out"
+    for f in Path(policy).iterdir():
+        assert (out / f.name).read_bytes() == f.read_bytes(), f.name
+    assert json.loads((out / SUMMARY).read_text())["metrics"]["groups_kept"] == 0
