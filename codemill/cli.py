@@ -207,6 +207,66 @@ def problems(config: ConfigOpt = None, preset: PresetOpt = None, store: StoreOpt
     print_problem_counts(result, time.perf_counter() - t0)
 
 
+@app.command()
+def rl(config: ConfigOpt = None, preset: PresetOpt = None, store: StoreOpt = None,
+       model: Annotated[str | None, typer.Option(help="Starting policy: a LoggedModel id (m-...), a store train or "
+                                                      "policy artifact folder, or an HF folder; empty = the "
+                                                      "champion (or the pipeline's trained model).")] = None,
+       algorithm: Annotated[str | None, typer.Option(help="grpo or rft (overrides rl.algorithm).")] = None,
+       iterations: Annotated[int | None, typer.Option(help="Overrides rl.iterations.")] = None,
+       as_json: AsJson = False) -> None:
+    """RL for code (``rl`` in the config): iterations of rollouts judged in the sandbox and policy updates (GRPO
+    or rejection-sampling fine-tuning), then the held-out pass rate before/after, the evaluation and the gate."""
+    cfg = build_config(config, preset, None, store)
+    overrides = {k: v for k, v in {"algorithm": algorithm, "iterations": iterations}.items() if v is not None}
+    if overrides:
+        try:
+            cfg = cfg.model_copy(update={"rl": cfg.rl.model_validate({**cfg.rl.model_dump(), **overrides})})
+        except ValueError as e:
+            _fail([f"--{next(iter(overrides))}: {e}"])
+    from codemill.data.sources import SourceError
+    from codemill.evals.problem_sets import ProblemFileError, fingerprint_problem_sources
+
+    try:
+        fingerprint_problem_sources(cfg.problems)
+    except (SourceError, ProblemFileError) as e:
+        _fail([str(e)])
+    _prefect_defaults(cfg)
+    from codemill.flows.rl import rl as rl_flow
+
+    t0 = time.perf_counter()
+    try:
+        with _progress():
+            out = rl_flow(config=cfg, model=model)
+    except (SourceError, ProblemFileError, FileNotFoundError) as e:
+        _fail([str(e)])
+    if as_json:
+        import json
+
+        typer.echo(json.dumps(out, indent=2, default=str))
+        return
+    print_rl_summary(out, time.perf_counter() - t0)
+
+
+def print_rl_summary(out: dict, wall_s: float) -> None:
+    table = Table(title=f"codemill rl: {len(out['iterations'])} iterations in {wall_s:.1f}s")
+    columns = ("iteration", "reward_mean", "pass_rate", "zero_variance_groups", "kl", "entropy", "clip_frac_high",
+               "response_tokens_mean", "generation_s", "reward_s", "update_s")
+    for col in columns:
+        table.add_column(col.replace("_", " "), justify="right")
+    for row in out["iterations"]:
+        table.add_row(*("-" if row.get(c) is None else f"{row[c]:.3g}" if isinstance(row[c], float) else
+                        str(row[c]) for c in columns))
+    console.print(table)
+    h = out["heldout"]
+    console.print(f"held-out pass rate: {h['before']['rate']:.3f} -> {h['after']['rate']:.3f} "
+                  f"(gain {h['gain']:+.3f}, 95% CI [{h['gain_ci_low']:+.3f}, {h['gain_ci_high']:+.3f}], "
+                  f"p={h['p_value']:.3g}, {h['problems']} problems)")
+    if out.get("gate"):
+        console.print(f"gate: {out['gate']['verdict']}")
+    console.print(f"final policy: LoggedModel {out['model_id']}; MLflow parent run {out['parent_run_id']}")
+
+
 PROBLEM_COUNT_COLUMNS = ("read", "malformed", "reference_failed", "unverified", "duplicate", "contaminated", "kept",
                          "train", "val")
 

@@ -165,6 +165,29 @@ def loss_curve_png(losses: Sequence[float], val_losses: Mapping[int, float] | Ma
                    title: str = "training loss") -> bytes:
     """Train loss per step (and val loss at checkpoints) as a small PNG. `val_losses` keys may be strings: a
     training summary read back from JSON."""
+    lines: dict[str, tuple[Sequence[float], Sequence[float], str]] = {
+        "train": ([float(i) for i in range(1, len(losses) + 1)], list(losses), "-")}
+    if val_losses:
+        points = sorted((int(step), loss) for step, loss in val_losses.items())
+        lines["val"] = ([step for step, _ in points], [loss for _, loss in points], "o-")
+    return lines_png(lines, "step", "loss (nats/token)", title)
+
+
+def reward_curve_png(iterations: Sequence[Mapping[str, Any]], heldout: Any = None) -> bytes:
+    """RL per iteration: train reward mean and pass rate of the rollouts, and the held-out pass rate of the
+    starting and the final policy (with their confidence intervals) when given."""
+    xs: list[float] = [float(r["iteration"]) for r in iterations]
+    lines = {"rollout reward (mean)": (xs, [float(r["reward_mean"]) for r in iterations], "o-"),
+             "rollout pass rate": (xs, [float(r["pass_rate"]) for r in iterations], "s--")}
+    if heldout is not None and xs:
+        ends: list[float] = [xs[0] - 0.5, xs[-1] + 0.5]
+        lines["held-out pass rate"] = (ends, [heldout.before.rate, heldout.after.rate], "D:")
+    return lines_png(lines, "iteration", "reward / pass rate", "RL: reward per iteration")
+
+
+def lines_png(lines: Mapping[str, tuple[Sequence[float], Sequence[float], str]], xlabel: str, ylabel: str,
+              title: str) -> bytes:
+    """A small PNG of named (x, y, style) lines."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -172,12 +195,10 @@ def loss_curve_png(losses: Sequence[float], val_losses: Mapping[int, float] | Ma
 
     fig = Figure(figsize=(6, 3.5), dpi=90)
     ax = fig.add_subplot()
-    ax.plot(range(1, len(losses) + 1), losses, label="train", linewidth=1.2)
-    if val_losses:
-        points = sorted((int(step), loss) for step, loss in val_losses.items())
-        ax.plot([step for step, _ in points], [loss for _, loss in points], "o-", label="val")
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss (nats/token)")
+    for label, (xs, ys, style) in lines.items():
+        ax.plot(xs, ys, style, label=label, linewidth=1.2)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend()

@@ -18,6 +18,7 @@ HF_DIR = "codemill.hf_dir"
 SUITE = "codemill.suite"
 UNSAFE_NO_SANDBOX = "codemill.eval.unsafe_no_sandbox"
 TRAIN_DATA_DIGEST = "codemill.train_data_digest"
+SAMPLING_MODEL_ID = "codemill.rl.sampling_model_id"  # RL update run: the LoggedModel whose samples it trained on
 EXTERNAL_PATH = "codemill.external_path"
 CHECKPOINT_STEP = "codemill.step"
 GATE_VERDICT = "codemill.gate.verdict"

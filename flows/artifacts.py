@@ -40,15 +40,22 @@ def publish_loss_curve(store: ArtifactStore, lineage: Lineage, model: StageResul
     with store.open_file(model.ref, "train_summary.json", "r") as fh:
         summary = json.load(fh)
     png = loss_curve_png(summary["losses"], summary.get("val_losses"), f"training loss ({model.ref.short})")
+    publish_png(lineage, png, LOSS_PNG, "loss-curve", "training loss per step (val at checkpoints)",
+                parent_run_id, model.run_id)
+
+
+def publish_png(lineage: Lineage, png: bytes, file_name: str, key: str, description: str, parent_run_id: str,
+                stage_run_id: str | None = None) -> None:
+    """A PNG on the parent run (and a stage run) in MLflow, and as a Prefect image artifact that points at it."""
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / LOSS_PNG
+        path = Path(tmp) / file_name
         path.write_bytes(png)
-        for run_id in {model.run_id or parent_run_id, parent_run_id}:
+        for run_id in {stage_run_id or parent_run_id, parent_run_id}:
             lineage.log_artifact(run_id, path)
     uri = lineage.tracking_uri
-    url = (f"{uri.rstrip('/')}/get-artifact?path={LOSS_PNG}&run_uuid={parent_run_id}"
+    url = (f"{uri.rstrip('/')}/get-artifact?path={file_name}&run_uuid={parent_run_id}"
            if uri.startswith(("http://", "https://")) else f"data:image/png;base64,{base64.b64encode(png).decode()}")
-    create_image_artifact(image_url=url, key="loss-curve", description="training loss per step (val at checkpoints)")
+    create_image_artifact(image_url=url, key=key, description=description)
 
 
 def publish_run_artifacts(store: ArtifactStore, lineage: Lineage, parent_run_id: str, title: str,

@@ -9,10 +9,11 @@ from pathlib import Path
 from typing import Any
 
 from prefect import get_run_logger
+from pydantic import BaseModel
 
 from codemill import progress
 from codemill import tags as T
-from codemill.config import TrainConfig
+from codemill.config import GRPOConfig, TrainConfig
 from codemill.lineage import Lineage
 from codemill.models.launch import run_streaming, threads_per_rank, torchrun_command
 from codemill.models.trainer import STACK_DUMP_ENV, TrainSpec
@@ -54,7 +55,6 @@ def _record(store: ArtifactStore, tokens: ArtifactRef):
 
 @stage_task("train")
 def train_task(plan: StagePlan, ctx: RunContext, cfg: TrainConfig) -> StageResult:
-    logger = get_run_logger()
     store = ctx.store()
     ref, tokens, tokenizer = store.ref_for(plan), plan.input("tokens"), plan.input("tokenizer")
 
@@ -67,19 +67,7 @@ def train_task(plan: StagePlan, ctx: RunContext, cfg: TrainConfig) -> StageResul
                          vocab_size=tok_stats["vocab_size"], eos_id=tok_stats["eos_id"], pad_id=tok_stats["pad_id"],
                          seq_len=tok_stats["seq_len"],
                          dataset_name="tokens", dataset_digest=tokens.digest)
-        spec_path = w.dir.parent / f"{w.dir.name}.spec.json"
-        spec_path.write_text(spec.model_dump_json())
-        env = {**os.environ, "MLFLOW_TRACKING_URI": ctx.tracking_uri, "MLFLOW_RUN_ID": run_id,
-               "OMP_NUM_THREADS": str(threads_per_rank(cfg.nproc_per_node)), "PYTHONUNBUFFERED": "1",
-               "TQDM_DISABLE": "1", STACK_DUMP_ENV: str(max(1, cfg.timeout_s - 15))}
-        progress.sink().stage(STAGE, f"torchrun x{cfg.nproc_per_node}")
-        try:
-            cmd = torchrun_command(str(spec_path), cfg.nproc_per_node, nnodes=cfg.nnodes, max_restarts=cfg.max_restarts,
-                                   rdzv_endpoint=cfg.rdzv_endpoint, rdzv_id=cfg.rdzv_id)
-            run_streaming(cmd, env, cfg.timeout_s,
-                          on_line=lambda line: _on_trainer_line(logger, line))
-        finally:
-            spec_path.unlink(missing_ok=True)
+        run_torchrun(spec, w.dir, cfg, ctx, run_id, STAGE)
         summary = json.loads((w.dir / "train_summary.json").read_text())
         stats = {k: summary[k] for k in ("params", "world_size", "steps", "tokens_per_step", "tokens_seen",
                                          "final_loss", "resumed_from", "wall_s", "parallelism")}
@@ -93,6 +81,28 @@ def train_task(plan: StagePlan, ctx: RunContext, cfg: TrainConfig) -> StageResul
     return run_stage(ctx, plan, produce, _record(store, tokens), _summary, gpus=_gpus(cfg), system_metrics=True)
 
 
+def run_torchrun(spec: BaseModel, out_dir: Path, cfg: TrainConfig | GRPOConfig, ctx: RunContext, run_id: str,
+                 stage: str, module: str = "codemill.models.trainer") -> None:
+    """``module`` under torchrun with ``spec`` as its JSON argument (written beside ``out_dir``, removed after),
+    rank 0 logging to the stage's MLflow run, its step lines shown as progress."""
+    logger = get_run_logger()
+    spec_path = out_dir.parent / f"{out_dir.name}.spec.json"
+    spec_path.write_text(spec.model_dump_json())
+    env = {**os.environ, "MLFLOW_TRACKING_URI": ctx.tracking_uri, "MLFLOW_RUN_ID": run_id,
+           "OMP_NUM_THREADS": str(threads_per_rank(cfg.nproc_per_node)), "PYTHONUNBUFFERED": "1",
+           "TQDM_DISABLE": "1", STACK_DUMP_ENV: str(max(1, cfg.timeout_s - 15))}
+    progress.sink().stage(stage, f"torchrun x{cfg.nproc_per_node}")
+    try:
+        if isinstance(cfg, TrainConfig):  # multi-node settings are the trainer's
+            cmd = torchrun_command(str(spec_path), cfg.nproc_per_node, nnodes=cfg.nnodes, module=module,
+                                   max_restarts=cfg.max_restarts, rdzv_endpoint=cfg.rdzv_endpoint, rdzv_id=cfg.rdzv_id)
+        else:
+            cmd = torchrun_command(str(spec_path), cfg.nproc_per_node, module=module)
+        run_streaming(cmd, env, cfg.timeout_s, on_line=lambda line: _on_trainer_line(logger, line, stage))
+    finally:
+        spec_path.unlink(missing_ok=True)
+
+
 def _gpus(cfg: TrainConfig) -> int:
     """GPUs this node's ranks hold (one each) when training runs on CUDA."""
     import torch
@@ -101,15 +111,16 @@ def _gpus(cfg: TrainConfig) -> int:
     return cfg.nproc_per_node if on_gpu else 0
 
 
-def _on_trainer_line(logger, line: str) -> None:
+def _on_trainer_line(logger, line: str, stage: str) -> None:
     if line.startswith("{"):
         try:
             event = json.loads(line)
         except json.JSONDecodeError:
             event = None
-        if event and event.get("event") == "step":
-            progress.sink().update(STAGE, event["step"], event["max_steps"])
-            logger.info("step %d/%d loss %.4f lr %.2e %.0f tok/s", event["step"], event["max_steps"],
-                        event["train_loss"], event["lr"], event["tokens_per_s"])
-            return
+        if event and event.get("event") == "step" and "max_steps" in event:
+            progress.sink().update(stage, event["step"], event["max_steps"])
+            if "train_loss" in event:
+                logger.info("step %d/%d loss %.4f lr %.2e %.0f tok/s", event["step"], event["max_steps"],
+                            event["train_loss"], event["lr"], event["tokens_per_s"])
+                return
     logger.info("%s", line)

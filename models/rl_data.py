@@ -1,0 +1,76 @@
+"""What each RL iteration trains on: which problems it samples, and the texts of a supervised fine-tune.
+
+Pure functions of their arguments, so an iteration's inputs are known before it runs and a resumed flow draws
+exactly the problems the killed one would have (no problem skipped or repeated: the users of OpenRLHF and
+NeMo-RL report resumes that silently skipped prompts, ``../shared/notes/rl.md``).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from codemill.data.pack import Packer, TokenShardWriter, positions_from_starts, token_dtype
+
+
+def iteration_problems(problem_ids: Sequence[str], per_iteration: int, seed: int, iteration: int) -> list[str]:
+    """The problems iteration ``iteration`` samples: epochs of seeded shuffles cut into consecutive slices.
+
+    Every problem appears once per epoch (the last slice of an epoch may be shorter), and the answer depends
+    only on (ids, per_iteration, seed, iteration), never on what ran before.
+    """
+    ids = sorted(set(problem_ids))
+    if not ids:
+        raise ValueError("no train problems to sample: the problem set's train split is empty")
+    per = min(per_iteration, len(ids))
+    slices = math.ceil(len(ids) / per)
+    epoch, part = divmod(iteration, slices)
+    order = list(ids)
+    random.Random(f"{seed}:{epoch}").shuffle(order)
+    return order[part * per:(part + 1) * per]
+
+
+def passing_texts(rows: Iterable[dict]) -> list[str]:
+    """Rejection sampling's training texts: prompt + completion of every passing sample, one per distinct
+    completion of a problem (duplicates would weigh the easiest problems most), in row order."""
+    seen: set[tuple[str, str]] = set()
+    out = []
+    for r in rows:
+        key = (r["problem_id"], r["completion"])
+        if r["reward"] >= 1.0 and key not in seen:
+            seen.add(key)
+            out.append(r["prompt"] + r["completion"])
+    return out
+
+
+def write_sft_tokens(texts: Sequence[str], tokenizer, seq_len: int, out_dir: Path, seed: int) -> dict:
+    """Pack ``texts`` (each ended by EOS, in a seeded order) into the trainer's token shards under
+    ``out_dir/train``. The last partial row is filled with EOS tokens (each its own one-token document, so
+    no real document sees them) rather than dropped: a small fine-tune set may not fill one row."""
+    if not texts:
+        raise ValueError("no texts to fine-tune on")
+    eos = tokenizer.eos_token_id
+    order = list(range(len(texts)))
+    random.Random(seed).shuffle(order)
+    ids = tokenizer([texts[i] for i in order], add_special_tokens=False)["input_ids"]
+    vocab = len(tokenizer)
+    writer = TokenShardWriter(out_dir / "train", seq_len, token_dtype(vocab), rows_per_shard=4096)
+    packer = Packer(eos, seq_len)
+    tokens = 0
+    for doc in ids:
+        tokens += len(doc) + 1
+        for row, pos in packer.add(list(doc)):
+            writer.add(row, pos)
+    if packer.leftover:
+        filler = seq_len - packer.leftover
+        row = np.asarray(packer.buf + [eos] * filler, dtype=np.int64)
+        starts = np.asarray(packer.starts + [True] * filler, dtype=bool)
+        writer.add(row, positions_from_starts(starts[None])[0])
+    writer.flush()
+    return {"documents": len(texts), "tokens": tokens, "rows": sum(s["rows"] for s in writer.shards),
+            "seq_len": seq_len, "vocab_size": vocab, "eos_id": eos,
+            "pad_id": tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos}

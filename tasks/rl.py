@@ -1,0 +1,303 @@
+"""Prefect tasks of RL for code: rollouts (sampled and judged in the sandbox) and policy updates (GRPO under
+torchrun, or a fine-tune with the pipeline's trainer for rejection sampling and the warm start).
+
+Every step is planned before it runs (``plan_rollouts``, ``plan_update``, ``plan_warm_start``): a rollouts
+artifact hashes the sampling policy, the problem set, the iteration and the rollout settings; a policy artifact
+hashes the policy it started from, its training data (the rollouts, or the problems for the warm start) and the
+update settings. The chain of digests is known up front, so a flow killed between iterations resumes at the
+first artifact missing from the store, with the same problems and seeds it would have used.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from prefect import get_run_logger
+
+from codemill import progress
+from codemill import tags as T
+from codemill.config import FinetuneConfig, RLConfig, TrainConfig
+from codemill.lineage import Lineage
+from codemill.plan import StagePlan
+from codemill.store import ArtifactRef, ArtifactStore, ArtifactWriter, Manifest
+from codemill.tasks.common import RunContext, StageResult, run_stage, stage_task
+from codemill.tasks.train import run_torchrun
+
+ROLLOUTS = "rollouts"
+POLICY = "policy"
+ROLLOUTS_CODE_VERSION = "rollouts-v1"
+POLICY_CODE_VERSION = "policy-v1"
+ROLLOUTS_FILE = "rollouts.parquet"
+HELDOUT = "val"
+
+
+def rollout_seed(cfg: RLConfig, split: str, iteration: int | None) -> int:
+    """Iteration i samples with its own seed; both held-out rollouts (before/after) share one, so the two
+    policies draw with common random numbers and their paired difference has less noise."""
+    from codemill.evals.engines import derive_seed
+
+    return derive_seed("rl", cfg.seed, split, iteration if split != HELDOUT else "heldout")
+
+
+def plan_rollouts(cfg: RLConfig, policy: ArtifactRef, problems: ArtifactRef, iteration: int | None,
+                  split: str = "train") -> StagePlan:
+    """k samples per problem of ``policy``: the train problems of ``iteration``, or every held-out problem."""
+    config: dict[str, Any] = {"split": split, "seed": cfg.seed, "rollout": cfg.rollout.digest_config()}
+    if split == HELDOUT:
+        config["samples_per_problem"] = cfg.heldout_samples
+        name = "heldout"
+    else:
+        config["iteration"] = iteration
+        name = f"it{iteration:03d}"
+    return StagePlan(stage=ROLLOUTS, name=name, code_version=ROLLOUTS_CODE_VERSION, config=config,
+                     inputs={"policy": policy, "problems": problems})
+
+
+def finetune_train_config(train: TrainConfig, ft: FinetuneConfig, seed: int) -> TrainConfig:
+    """The pipeline's trainer settings (parallelism, ranks, device, dtype) with the fine-tune's steps and lr.
+    ``init_from`` (the policy folder) is set at run time: the policy is an input of the plan, not a path."""
+    return train.model_copy(update={
+        "init_from": None, "max_steps": ft.max_steps, "lr": ft.lr, "warmup_steps": min(ft.warmup_steps, ft.max_steps),
+        "micro_batch_size": ft.micro_batch_size, "grad_accum_steps": 1, "seed": seed, "val_sequences": 0,
+        "checkpoint_every": max(1, ft.max_steps), "schedule": "cosine"})
+
+
+def _update_config(cfg: RLConfig, train: TrainConfig, iteration: int) -> dict[str, Any]:
+    from codemill.evals.engines import derive_seed
+
+    seed = derive_seed("rl-update", cfg.seed, iteration) % 2**31
+    if cfg.algorithm == "grpo":
+        grpo = cfg.grpo.model_copy(update={"seed": seed})
+        return {"algorithm": "grpo", "grpo": grpo.digest_config(),
+                "max_new_tokens": cfg.rollout.max_new_tokens, "iteration": iteration}
+    ft = finetune_train_config(train, cfg.rft, seed)
+    return {"algorithm": "rft", "train": ft.digest_config(), "seq_len": cfg.rft.seq_len, "iteration": iteration}
+
+
+def plan_update(cfg: RLConfig, train: TrainConfig, policy: ArtifactRef, rollouts: ArtifactRef,
+                iteration: int) -> StagePlan:
+    """The policy after iteration ``iteration``: ``policy`` updated on ``rollouts`` (GRPO or rejection sampling)."""
+    return StagePlan(stage=POLICY, name=f"{cfg.algorithm}-it{iteration:03d}", code_version=POLICY_CODE_VERSION,
+                     config=_update_config(cfg, train, iteration), inputs={"policy": policy, "rollouts": rollouts})
+
+
+def plan_warm_start(cfg: RLConfig, train: TrainConfig, policy: ArtifactRef, problems: ArtifactRef) -> StagePlan:
+    """``policy`` fine-tuned on the train problems' reference solutions (before iteration 0)."""
+    ft = finetune_train_config(train, cfg.warm_start, cfg.seed)
+    return StagePlan(stage=POLICY, name="warm-start", code_version=POLICY_CODE_VERSION,
+                     config={"algorithm": "sft", "train": ft.digest_config(), "seq_len": cfg.warm_start.seq_len},
+                     inputs={"policy": policy, "problems": problems})
+
+
+def policy_dir(store: ArtifactStore, ref: ArtifactRef) -> str:
+    """The HF folder of a policy (or train) artifact."""
+    return str(store.local_path(ref) / "hf")
+
+
+def _problems(store: ArtifactStore, ref: ArtifactRef, split: str):
+    from codemill.evals.problem_sets import read_problem_set
+
+    return read_problem_set(store.local_path(ref) / "problems.parquet", split)
+
+
+def _device(cfg: RLConfig) -> str:
+    import torch
+
+    want = cfg.grpo.device
+    return "cuda" if want == "cuda" or (want == "auto" and torch.cuda.is_available()) else "cpu"
+
+
+def sample_and_judge(cfg: RLConfig, problems: list, policy_hf: str, seed: int, k: int, ray_address: str | None,
+                     say) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """k judged samples per problem (rows sorted by group, sample) and the timings, in this process or on Ray."""
+    from codemill.evals.engines import RolloutParams
+    from codemill.evals.sandbox import Limits
+
+    r = cfg.rollout
+    params = RolloutParams(temperature=r.temperature, top_p=r.top_p, max_new_tokens=r.max_new_tokens,
+                           stop=tuple(r.stop))
+    limits = Limits(wall_s=r.wall_s, cpu_s=r.cpu_s, memory_bytes=r.memory_mb << 20)
+    if ray_address:
+        from codemill.evals.rollout_ray import collect_rollouts_ray
+
+        rows, timings = collect_rollouts_ray(ray_address, policy_hf, problems, k, params, limits, seed,
+                                             batch_problems=r.batch_problems, max_context=r.context_len,
+                                             device=_device(cfg), workers=r.workers)
+        return rows, {**timings.as_dict(), "weight_sync_s": 0.0}
+    from codemill.evals.engines import HFEngine
+    from codemill.evals.rollout import collect_rollouts
+    from codemill.evals.sandbox.judge_pool import JudgePool
+
+    t0 = time.monotonic()
+    engine = HFEngine(policy_hf, device=_device(cfg), max_context=r.context_len)
+    weight_sync_s = time.monotonic() - t0
+    with JudgePool(limits, workers=r.workers) as pool:
+        rows, timings = collect_rollouts(engine, problems, k, params, pool, seed, batch_problems=r.batch_problems,
+                                         overlap=r.overlap, on_batch=lambda i, n: say(f"batch {i}/{n}"))
+    return rows, {**timings.as_dict(), "weight_sync_s": weight_sync_s}
+
+
+@stage_task("rollouts")
+def rollouts_task(plan: StagePlan, ctx: RunContext, cfg: RLConfig, policy_hf: str,
+                  ray_address: str | None = None) -> StageResult:
+    from codemill.evals.rl_metrics import rollout_metrics
+    from codemill.evals.rollout import write_rollouts
+    from codemill.models.rl_data import iteration_problems
+
+    logger = get_run_logger()
+    store = ctx.store()
+    problems_ref = plan.input("problems")
+    split = plan.config["split"]
+
+    def produce(w: ArtifactWriter, run_id: str) -> Manifest:
+        pool = _problems(store, problems_ref, "train" if split != HELDOUT else HELDOUT)
+        if not pool:
+            raise ValueError(f"{problems_ref.uri}: the problem set has no {split} problems")
+        if split == HELDOUT:
+            chosen, k = sorted(pool, key=lambda p: p.problem_id), cfg.heldout_samples
+        else:
+            by_id = {p.problem_id: p for p in pool}
+            ids = iteration_problems(list(by_id), cfg.rollout.problems_per_iteration, cfg.seed,
+                                     plan.config["iteration"])
+            chosen, k = [by_id[i] for i in ids], cfg.rollout.samples_per_problem
+        seed = rollout_seed(cfg, split, plan.config.get("iteration"))
+        rows, timings = sample_and_judge(cfg, chosen, policy_hf, seed, k, ray_address,
+                                         lambda msg: progress.sink().stage(ROLLOUTS, f"{plan.name}: {msg}"))
+        if cfg.rollout.reward == "partial":
+            rows = [{**r, "reward": r["partial"]} for r in rows]
+        write_rollouts(rows, w.path(ROLLOUTS_FILE))
+        stats = {**rollout_metrics(rows, k), "timings": timings, "samples_per_problem": k, "seed": seed,
+                 "problem_ids": [p.problem_id for p in chosen]}
+        logger.info("%s: %d samples, reward %.3f, pass rate %.3f, zero-variance groups %.2f, %.1f samples/s",
+                    plan.name, stats["samples"], stats["reward_mean"], stats["pass_rate"],
+                    stats["zero_variance_groups"], timings["samples_per_s"])
+        return w.finish(stats)
+
+    return run_stage(ctx, plan, produce, _record_rollouts(plan), _rollouts_summary)
+
+
+def _rollouts_summary(m: Manifest) -> dict[str, Any]:
+    from codemill.evals.rl_metrics import SUMMARY_KEYS
+
+    return {k: m.stats[k] for k in SUMMARY_KEYS if k in m.stats} | {"timings": m.stats["timings"]}
+
+
+def _record_rollouts(plan: StagePlan):
+    def record(lineage: Lineage, run_id: str, m: Manifest) -> dict[str, Any]:
+        from codemill.evals.rl_metrics import scalar_metrics
+
+        lineage.log_dataset_input(run_id, plan.input("problems"), "input", name="problems")
+        lineage.log_dataset_input(run_id, ArtifactRef(stage=m.stage, name=m.name, digest=m.digest, uri=m.uri),
+                                  "output", name="rollouts")
+        lineage.log_metrics(run_id, scalar_metrics(m.stats))
+        return {}
+    return record
+
+
+@stage_task("policy")
+def update_task(plan: StagePlan, ctx: RunContext, cfg: RLConfig, train: TrainConfig, policy_hf: str,
+                reference_hf: str | None = None) -> StageResult:
+    """One policy update: GRPO (``codemill.models.rl_update`` under torchrun) or rejection sampling / the warm
+    start (``codemill.models.trainer`` on the passing samples / the reference solutions)."""
+    store = ctx.store()
+    algorithm = plan.config["algorithm"]
+
+    def produce(w: ArtifactWriter, run_id: str) -> Manifest:
+        scratch = Path(ctx.work_dir).absolute() / "rl" / f"{plan.name}-{plan.digest[:12]}"
+        if algorithm == "grpo":
+            stats = _grpo(plan, ctx, cfg, policy_hf, reference_hf, w, run_id, scratch)
+        else:
+            stats = _finetune(plan, ctx, cfg, train, policy_hf, w, run_id, scratch)
+        manifest = w.finish(stats)
+        shutil.rmtree(scratch, ignore_errors=True)  # resume scratch; the committed export supersedes it
+        return manifest
+
+    return run_stage(ctx, plan, produce, _record_policy(store, plan), _policy_summary,
+                     gpus=cfg.grpo.nproc_per_node if _device(cfg) == "cuda" else 0, system_metrics=True)
+
+
+def _grpo(plan: StagePlan, ctx: RunContext, cfg: RLConfig, policy_hf: str, reference_hf: str | None,
+          w: ArtifactWriter, run_id: str, scratch: Path) -> dict[str, Any]:
+    from codemill.models.rl_update import SUMMARY, RLUpdateSpec
+
+    store = ctx.store()
+    rollouts = store.local_path(plan.input("rollouts")) / ROLLOUTS_FILE
+    grpo = cfg.grpo.model_copy(update={"seed": plan.config["grpo"]["seed"]})
+    spec = RLUpdateSpec(grpo=grpo, policy_dir=policy_hf, reference_dir=reference_hf if grpo.kl_coef > 0 else None,
+                        rollouts_path=str(rollouts), out_dir=str(w.dir / "hf"), ckpt_dir=str(scratch / "checkpoints"),
+                        max_new_tokens=cfg.rollout.max_new_tokens)
+    t0 = time.monotonic()
+    run_torchrun(spec, w.dir, grpo, ctx, run_id, POLICY, module="codemill.models.rl_update")
+    summary = json.loads((w.dir / "hf" / SUMMARY).read_text())
+    metrics = summary.get("metrics", summary)
+    return {"algorithm": "grpo", "update": metrics, "update_s": time.monotonic() - t0}
+
+
+def _finetune(plan: StagePlan, ctx: RunContext, cfg: RLConfig, train: TrainConfig, policy_hf: str,
+              w: ArtifactWriter, run_id: str, scratch: Path) -> dict[str, Any]:
+    from transformers import AutoTokenizer
+
+    from codemill.models.rl_data import passing_texts, write_sft_tokens
+    from codemill.models.trainer import TrainSpec
+
+    store = ctx.store()
+    algorithm = plan.config["algorithm"]
+    ft = cfg.rft if algorithm == "rft" else cfg.warm_start
+    if algorithm == "rft":
+        import pyarrow.parquet as pq
+
+        data = plan.input("rollouts")
+        texts = passing_texts(pq.read_table(store.local_path(data) / ROLLOUTS_FILE).to_pylist())
+    else:
+        data = plan.input("problems")
+        texts = [p.prompt + p.reference_solution for p in _problems(store, data, "train") if p.reference_solution]
+    t0 = time.monotonic()
+    if not texts or ft.max_steps == 0:  # nothing passed: the policy goes on unchanged, and the manifest says so
+        shutil.copytree(policy_hf, w.dir / "hf")
+        return {"algorithm": algorithm, "documents": len(texts), "steps": 0, "unchanged": True, "update_s": 0.0}
+    tokenizer = AutoTokenizer.from_pretrained(policy_hf)
+    tokenizer.save_pretrained(str(scratch / "tokenizer" / "hf"))
+    info = write_sft_tokens(texts, tokenizer, ft.seq_len, scratch / "tokens", seed=plan.config["train"]["seed"])
+    tcfg = TrainConfig.model_validate({**train.model_dump(), **plan.config["train"], "init_from": policy_hf})
+    tcfg = tcfg.model_copy(update={k: getattr(train, k) for k in ("timeout_s", "log_every", "keep_checkpoints")})
+    spec = TrainSpec(train=tcfg, tokens_dir=str(scratch / "tokens" / "train"),
+                     tokenizer_dir=str(scratch / "tokenizer"), out_dir=str(w.dir), ckpt_dir=str(scratch / "checkpoints"),
+                     vocab_size=info["vocab_size"], eos_id=info["eos_id"], pad_id=info["pad_id"], seq_len=ft.seq_len,
+                     dataset_name=data.stage, dataset_digest=data.digest)
+    run_torchrun(spec, w.dir, tcfg, ctx, run_id, POLICY)
+    summary = json.loads((w.dir / "train_summary.json").read_text())
+    return {"algorithm": algorithm, "documents": info["documents"], "tokens": info["tokens"], "rows": info["rows"],
+            "steps": summary["steps"], "final_loss": summary["final_loss"],
+            "first_loss": summary["losses"][0] if summary["losses"] else None, "unchanged": False,
+            "update_s": time.monotonic() - t0}
+
+
+def _policy_summary(m: Manifest) -> dict[str, Any]:
+    return {k: m.stats[k] for k in ("algorithm", "update", "documents", "steps", "final_loss", "unchanged",
+                                    "update_s") if k in m.stats}
+
+
+def _record_policy(store: ArtifactStore, plan: StagePlan):
+    def record(lineage: Lineage, run_id: str, m: Manifest) -> dict[str, Any]:
+        from codemill.evals.rl_metrics import update_metrics
+
+        data_name = "rollouts" if "rollouts" in plan.inputs else "problems"
+        data = plan.input(data_name)
+        lineage.log_dataset_input(run_id, data, "training", name=data_name)
+        ref = store.ref(m.stage, m.name, m.digest)
+        model_id = lineage.find_model(m.digest)
+        if model_id is None:
+            model_id = lineage.log_checkpoint(run_id, ref, store.local_path(ref) / "hf", data,
+                                              step=int(plan.config.get("iteration", -1)) + 1,
+                                              params={"rl": plan.config})
+        metrics = update_metrics(m.stats)
+        if metrics:
+            lineage.log_metrics(run_id, metrics)
+        sampling = lineage.find_model(plan.input("policy").digest)
+        lineage.tag(run_id, {T.MODEL_ID: model_id, **({T.SAMPLING_MODEL_ID: sampling} if sampling else {})})
+        return {"model_id": model_id}
+    return record
