@@ -27,16 +27,18 @@ from codemill.data.corpus import CORPUS_SCHEMA, ParquetShardWriter, assign_split
 from codemill.data.decontaminate import DECONTAMINATION, build_index, load_eval_texts
 from codemill.data.dedup import EXACT_DEDUP, EXACT_HASH, MINHASH, NEAR_DEDUP, resolve_duplicates
 from codemill.data.filters import FILTER, LANGUAGE, language_expr
+from codemill.data.minhash import ALGORITHM as NEAR_DEDUP_ALGORITHM
 from codemill.data.minhash import optimal_bands
 from codemill.data.redact import PLACEHOLDERS, REDACTION
 from codemill.data.sources import READ, ChunkSpec, default_repo, plan_chunks, read_chunk, source_fingerprint
 from codemill.data.steps import ChunkContext, Processing, check_reasons, run_steps, step_of
 from codemill.hashing import digest_of
 
-INGEST_CODE_VERSION = "ingest-v3"
 # v2: 32-bit MinHash permutations; v3: steps as values, a row rejected before a step has nulls in its columns
-# (a filtered file's contamination was 0.0, as if measured)
-CHUNK_CODE_VERSION = "ingest-chunk-v3"
+# (a filtered file's contamination was 0.0, as if measured); v4: near-dedup signatures by one-permutation
+# hashing. The near-dedup algorithm's own versioned name is part of both, so changing it re-runs the stage.
+INGEST_CODE_VERSION = f"ingest-v4+{NEAR_DEDUP_ALGORITHM}"
+CHUNK_CODE_VERSION = f"ingest-chunk-v4+{NEAR_DEDUP_ALGORITHM}"
 # The ingest pipeline, in order: reading, the per-chunk steps, the corpus-wide dedup. The manifest counts each
 # rejection under the step that declares its reason.
 CHUNK_STEPS = (LANGUAGE, FILTER, DECONTAMINATION, MINHASH, REDACTION, EXACT_HASH)
@@ -245,7 +247,8 @@ def _stats(cfg: IngestConfig, proc: Processing, ledger: pl.DataFrame, results: l
                             if cfg.decontamination.enabled else [],
                             "texts_too_short": proc.index.skipped_short if proc.index else 0,
                             "dropped": contaminated.head(100).to_dicts() if contaminated is not None else []},
-        "near_dedup": {"enabled": cfg.near_dedup.enabled, "bands": proc.bands, "rows": proc.rows,
+        "near_dedup": {"enabled": cfg.near_dedup.enabled, "algorithm": NEAR_DEDUP_ALGORITHM,
+                       "bands": proc.bands, "rows": proc.rows,
                        "num_perm": cfg.near_dedup.num_perm, "threshold": cfg.near_dedup.threshold,
                        "clusters": int(dups.filter(pl.col("reason") == "near_duplicate")["kept_path"].n_unique())},
         "chunks": {"total": len(results), "reused": sum(r.reused for r in results)},
