@@ -1,0 +1,227 @@
+"""Rollouts rewarded in the real bubblewrap sandbox: known-correct and known-wrong completions, judging overlapped
+with generation, a judge lost mid-sample judged again, a sandbox that stops starting fails the collection, and
+the Ray fan-out gives the single-process rows."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from codemill.evals.engines import Completion, HFEngine, RolloutParams, teacher_forced_logprobs
+from codemill.evals.problems import ExecProblem
+from codemill.evals.rollout import collect_rollouts, judge, read_rollouts, write_rollouts
+from codemill.evals.sandbox import Limits, SandboxUnavailable
+from codemill.evals.sandbox.judge_pool import JudgePool
+from codemill.evals.synthetic import synthetic_problems
+from tests.tiny_policy import make_policy
+
+pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
+
+PROBLEMS = synthetic_problems(5, 4)
+LIMITS = Limits(wall_s=3.0, cpu_s=2, memory_bytes=256 << 20)
+
+
+class ScriptedEngine:
+    """Replays given completion texts as samples, with the token ids and contract log-probs of a real policy (a
+    teacher-forced pass), so the rewards of known answers go through the real collection path."""
+
+    def __init__(self, policy: Path, answers: dict[str, list[str]]) -> None:
+        self.hf = HFEngine(policy)
+        self.answers = answers  # prompt -> the k completion texts
+        self.calls: list[int] = []
+
+    def generate(self, prompts: Sequence[str], k: int, params: RolloutParams,
+                 seeds: Sequence[int]) -> list[list[Completion]]:
+        self.calls.append(len(prompts))
+        out = []
+        for prompt in prompts:
+            p_ids = self.hf.encode(prompt, params.max_new_tokens)
+            group = []
+            for text in self.answers[prompt][:k]:
+                ids = self.hf.tokenizer(text, add_special_tokens=False)["input_ids"]
+                lps = teacher_forced_logprobs(self.hf.model, p_ids, ids, params.temperature)
+                group.append(Completion(text, p_ids, ids, lps, "length"))
+            out.append(group)
+        return out
+
+    def load_weights(self, hf_dir: str | Path) -> None:
+        self.hf.load_weights(hf_dir)
+
+
+@pytest.fixture(scope="module")
+def policy(tmp_path_factory) -> Path:
+    return make_policy(tmp_path_factory.mktemp("policy"))
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with JudgePool(LIMITS, workers=1) as p:
+        yield p
+
+
+def _wrong_on_one_case(p: ExecProblem) -> str:
+    """A body that passes every test case but the first (partial credit (n-1)/n)."""
+    first = p.test_cases[0].removeprefix("assert candidate(").rsplit(") == ", 1)[0]
+    arg = p.prompt.split("(", 1)[1].split(":", 1)[0]
+    return f"    if {arg} == {first}:\n        return None\n{p.reference_solution}"
+
+
+def test_rewards_of_known_completions_through_the_sandbox(policy, pool, tmp_path):
+    answers = {p.prompt: [p.reference_solution or "", "    return None\n", _wrong_on_one_case(p)] for p in PROBLEMS}
+    engine = ScriptedEngine(policy, answers)
+    params = RolloutParams(temperature=0.8, max_new_tokens=64)
+    rows, timings = collect_rollouts(engine, PROBLEMS, 3, params, pool, seed=1, batch_problems=2)
+    assert engine.calls == [2, 2]  # two fixed batches of two problems
+    assert [(r["group"], r["sample"]) for r in rows] == [(g, s) for g in range(4) for s in range(3)]
+    for g, p in enumerate(PROBLEMS):
+        right, wrong, partly = rows[3 * g:3 * g + 3]
+        assert {r["problem_id"] for r in (right, wrong, partly)} == {p.problem_id}
+        assert (right["reward"], right["partial"], right["outcome"]) == (1.0, 1.0, "passed")
+        assert (wrong["reward"], wrong["partial"], wrong["outcome"]) == (0.0, 0.0, "failed")
+        n = len(p.test_cases)
+        assert (partly["reward"], partly["outcome"]) == (0.0, "failed")
+        assert partly["partial"] == pytest.approx((n - 1) / n)
+        assert right["completion"] == p.reference_solution and right["prompt"] == p.prompt
+        assert all(r["suspicious"] == "" and r["duration_s"] > 0 for r in (right, wrong, partly))
+    assert timings.samples == 12 and timings.batches == 2 and timings.rejudged == 0
+    assert timings.tokens == sum(len(r["completion_ids"]) for r in rows)
+    assert timings.generation_s > 0 and timings.reward_s > 0 and timings.wall_s > 0
+    assert timings.samples_per_s == pytest.approx(12 / timings.wall_s)
+    table = read_rollouts(write_rollouts(rows, tmp_path / "rollouts.parquet"))
+    assert table.column("reward").to_pylist() == [r["reward"] for r in rows]
+
+
+def test_model_rollouts_overlapped_or_not_are_the_same(policy, pool, tmp_path):
+    """The real engine end to end: rows of both modes equal (but the judge's timings), and judging really ran
+    while the next batch generated: with overlap, a batch's rewards start before the last batch's generation
+    ends."""
+    engine = HFEngine(policy)
+    params = RolloutParams(temperature=1.0, max_new_tokens=24, stop=("\ndef",))
+    started: list[float] = []
+    real_score = judge
+
+    def spy(*args, **kwargs):
+        started.append(time.monotonic())
+        return real_score(*args, **kwargs)
+
+    import codemill.evals.rollout as rollout
+
+    rollout.judge = spy  # (only observes: the real judge runs)
+    try:
+        gen_end: list[float] = []
+        rows_o, t_o = collect_rollouts(engine, PROBLEMS, 2, params, pool, seed=3, batch_problems=1,
+                                       on_batch=lambda i, n: gen_end.append(time.monotonic()))
+    finally:
+        rollout.judge = real_score
+    rows_s, t_s = collect_rollouts(engine, PROBLEMS, 2, params, pool, seed=3, batch_problems=1, overlap=False)
+    strip = [{k: v for k, v in r.items() if k != "duration_s"} for r in rows_o]
+    assert strip == [{k: v for k, v in r.items() if k != "duration_s"} for r in rows_s]
+    assert len(rows_o) == 8 and {r["finish_reason"] for r in rows_o} <= {"stop", "eos", "length"}
+    assert all(r["reward"] == 0.0 for r in rows_o)  # an untrained model solves nothing
+    assert t_o.overlap and not t_s.overlap and t_o.tokens == t_s.tokens
+    assert started[0] < gen_end[-1]  # the first batch was being judged while later batches generated
+    write_rollouts(rows_o, tmp_path)
+    assert read_rollouts(tmp_path).num_rows == 8
+
+
+def _pids_of_uid(uid: int) -> list[int]:
+    pids = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                status = (d / "status").read_text()
+            except OSError:
+                continue
+            uids = next(line.split()[1:] for line in status.splitlines() if line.startswith("Uid:"))
+            if int(uids[0]) == uid:
+                pids.append(int(d.name))
+    return pids
+
+
+def _kill_the_judge_soon(pool: JudgePool, after_s: float) -> threading.Thread:
+    """SIGKILL every process of the slot's judge (its server and the sample it runs), by pid: they run as the
+    judge's own leased uid, which nothing else on the machine uses while the pool holds it."""
+
+    def kill() -> None:
+        time.sleep(after_s)
+        pids = _pids_of_uid(pool._all[0].uids["judge"])
+        assert pids
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+    t = threading.Thread(target=kill)
+    t.start()
+    return t
+
+
+def test_a_judge_lost_mid_sample_is_judged_again():
+    """The judge server dies while a correct sample runs (the host gets no verdict): the sample is judged again on
+    a fresh server and passes. Without retries the same event costs the sample its reward."""
+    p = PROBLEMS[0]
+    slow = (p.reference_solution or "") + "import time\ntime.sleep(1.0)\n"  # slow to load, once
+    for retries, expected in ((2, (True, None)), (0, (False, "no_verdict"))):
+        with JudgePool(LIMITS, workers=1) as pool:
+            pool._all[0].server("judge")
+            killer = _kill_the_judge_soon(pool, 0.4)
+            rewards, rejudged = judge([p, p], [slow, p.reference_solution or ""], pool, retries=retries)
+            killer.join()
+            assert (rewards[0].passed, rewards[0].suspicious) == expected
+            assert rewards[1].passed and rejudged == (1 if retries else 0)
+            assert pool.restarts >= 1
+
+
+def test_a_sample_that_kills_its_own_server_does_not_stop_the_batch(policy, pool):
+    """A completion that SIGKILLs its candidate server (its parent in the sandbox): the server is replaced and the
+    honest samples around it keep their rewards; the collection completes."""
+    kill = "    import os, signal\n    os.kill(os.getppid(), signal.SIGKILL)\n"
+    answers = {q.prompt: [kill + (q.reference_solution or ""), q.reference_solution or ""] * 2 for q in PROBLEMS}
+    before = pool.restarts
+    rows, timings = collect_rollouts(ScriptedEngine(policy, answers), PROBLEMS, 4, RolloutParams(max_new_tokens=64),
+                                     pool, seed=0, batch_problems=2)
+    assert len(rows) == 16 and timings.batches == 2
+    assert [r["reward"] for r in rows if r["sample"] % 2] == [1.0] * 8
+    assert pool.restarts >= before + 8
+
+
+def test_a_sandbox_that_cannot_start_fails_the_collection_closed(policy):
+    """Servers that die and cannot be restarted raise SandboxUnavailable: no rows of zero rewards."""
+    answers = {p.prompt: [p.reference_solution or ""] for p in PROBLEMS}
+    with JudgePool(LIMITS, workers=1) as pool:
+        pool.sandbox.python = "/nonexistent/python3"  # every restart now fails
+        for role in ("candidate", "judge"):
+            pool._all[0].drop(role)
+        with pytest.raises(SandboxUnavailable):
+            collect_rollouts(ScriptedEngine(policy, answers), PROBLEMS, 1, RolloutParams(max_new_tokens=32), pool,
+                             seed=0, batch_problems=2)
+
+
+def test_ray_fanout_gives_the_single_process_rollouts(policy, pool):
+    """Two Ray workers, each with its own engine and judge pool, taking whole batches: the same text, token ids,
+    log-probs and rewards as one process, in the same order; a weight sync reaches every worker."""
+    import ray
+
+    from codemill.evals.rollout_ray import RayRollouts
+
+    problems = synthetic_problems(9, 5)
+    problems[2] = PROBLEMS[0]  # the reference passes: some rewards differ from 0
+    params = RolloutParams(temperature=1.0, max_new_tokens=16, stop=("\ndef",))
+    local_rows, _ = collect_rollouts(HFEngine(policy), problems, 2, params, pool, seed=4, batch_problems=2)
+    with RayRollouts(policy, ray_address="local", workers=2, limits=LIMITS, judge_workers=1,
+                     ray_init={"num_cpus": 2, "object_store_memory": 100 * 2**20, "include_dashboard": False}) as fleet:
+        assert len(set(ray.get([a.pid.remote() for a in fleet.actors]))) == 2
+        ray_rows, timings = fleet.collect(problems, 2, params, seed=4, batch_problems=2)
+        fleet.load_weights(policy)  # the same folder: a no-op reload that must not change anything
+    assert not ray.is_initialized()
+    assert timings.workers == 2 and timings.batches == 3 and timings.samples == 10
+    assert len(ray_rows) == len(local_rows) == 10
+    for a, b in zip(local_rows, ray_rows, strict=True):
+        assert {k: v for k, v in a.items() if k != "duration_s"} == {k: v for k, v in b.items() if k != "duration_s"}
