@@ -10,27 +10,30 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch.nn.attention.flex_attention import BlockMask
 
 from codemill.config import TrainConfig
 from codemill.data.pack import open_token_shards
 from codemill.models.data_order import SequenceOrder, gather_rows
-from codemill.models.masking import document_mask
+from codemill.models.masking import SDPA, attention_inputs
 from codemill.models.parallel import Dist
 
 
-def model_inputs(tokens: torch.Tensor, positions: torch.Tensor | None) -> dict[str, torch.Tensor]:
-    """Causal-LM keyword arguments; with positions, attention stays inside each packed document."""
-    inputs = {"input_ids": tokens, "labels": tokens}
+def model_inputs(tokens: torch.Tensor, positions: torch.Tensor | None,
+                 attention: str = SDPA) -> dict[str, torch.Tensor | BlockMask]:
+    """Causal-LM keyword arguments; with positions, attention stays inside each packed document, through the
+    mask form the model's attention implementation takes (a FlexAttention BlockMask, or a dense bool mask)."""
+    inputs: dict[str, torch.Tensor | BlockMask] = {"input_ids": tokens, "labels": tokens}
     if positions is not None:
-        inputs |= {"position_ids": positions, "attention_mask": document_mask(positions)}
+        inputs |= attention_inputs(positions, attention)
     return inputs
 
 
 class Batches:
     """Memory-mapped train shards (and per-document positions when masking), read one micro-batch at a time."""
 
-    def __init__(self, tokens_dir: Path, cfg: TrainConfig, d: Dist) -> None:
-        self.cfg, self.d = cfg, d
+    def __init__(self, tokens_dir: Path, cfg: TrainConfig, d: Dist, attention: str = SDPA) -> None:
+        self.cfg, self.d, self.attention = cfg, d, attention
         self.shards = open_token_shards(tokens_dir)
         self.positions = open_token_shards(tokens_dir, kind="positions") if cfg.document_masking else []
         rows = np.array([s.shape[0] for s in self.shards], dtype=np.int64)
@@ -38,14 +41,14 @@ class Batches:
         self.sequences = int(rows.sum())
         self.order = SequenceOrder(self.sequences, cfg.seed)
 
-    def micro_batch(self, step: int, micro: int) -> dict[str, torch.Tensor]:
+    def micro_batch(self, step: int, micro: int) -> dict[str, torch.Tensor | BlockMask]:
         cfg, d = self.cfg, self.d
         ids = self.order.indices(step, micro, d.rank, world=d.world, micro_batch=cfg.micro_batch_size,
                                  accum=cfg.grad_accum_steps)
         tokens = torch.from_numpy(gather_rows(self.shards, self.offsets, ids)).to(d.device)
         positions = (torch.from_numpy(gather_rows(self.positions, self.offsets, ids)).to(d.device)
                      if self.positions else None)
-        return model_inputs(tokens, positions)
+        return model_inputs(tokens, positions, self.attention)
 
 
 def held_out_rows(val_dir: Path, n: int, d: Dist) -> tuple[np.ndarray, np.ndarray | None] | None:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from codemill.config import ModelConfig
+from codemill.models.masking import SDPA, attention_implementation
 
 
 def llama_config(cfg: ModelConfig, vocab_size: int, max_len: int, eos_id: int, pad_id: int) -> LlamaConfig:
@@ -41,3 +44,16 @@ def load_pretrained(name_or_path: str, seed: int) -> torch.nn.Module:
     model = AutoModelForCausalLM.from_pretrained(name_or_path, torch_dtype=torch.float32)
     model.config.use_cache = False
     return model
+
+
+def use_attention(model: Any, device: torch.device, document_masking: bool) -> str:
+    """Set the attention kernel a training run uses on ``model`` (a transformers model or its peft wrapper) and
+    return its name, which the train summary records (FlexAttention and SDPA agree only to float tolerance).
+    FlexAttention needs a model class that supports it (``_supports_flex_attn``; a pretrained one may not)."""
+    dropout = float(getattr(model.config, "attention_dropout", 0.0) or 0.0)
+    impl = attention_implementation(device, document_masking, dropout)
+    if not getattr(model, "_supports_flex_attn", False):
+        impl = SDPA
+    if model.config._attn_implementation != impl:
+        model.set_attn_implementation(impl)
+    return impl

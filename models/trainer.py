@@ -29,7 +29,7 @@ from codemill import tags as T
 from codemill.config import TrainConfig
 from codemill.models import parallel
 from codemill.models.batches import Batches, held_out_rows, model_inputs
-from codemill.models.build import build_model, count_parameters, load_pretrained
+from codemill.models.build import build_model, count_parameters, load_pretrained, use_attention
 from codemill.models.checkpoint import Checkpointer, committed_steps
 from codemill.models.common import STACK_DUMP_ENV, emit, full_state_dict, param_groups, start_rank
 from codemill.models.flops import flops_per_token, mfu, peak_flops
@@ -199,9 +199,9 @@ class Trainer:
                                  async_save=cfg.async_checkpoint and d.device.type == "cuda",
                                  on_commit=self._committed)
         self.ckpt.open()  # one trainer per checkpoint directory; clears what a killed run left uncommitted
-        self.batches = Batches(Path(spec.tokens_dir), cfg, d)
-
         self.model = make_model(spec).to(d.device)
+        self.attention = use_attention(self.model, d.device, cfg.document_masking)  # flex_attention | sdpa
+        self.batches = Batches(Path(spec.tokens_dir), cfg, d, self.attention)
         self.n_params = count_parameters(self.model)
         mcfg = self.model.config
         self.flops_per_token = flops_per_token(self.n_params, mcfg.num_hidden_layers, mcfg.num_attention_heads,
@@ -225,7 +225,7 @@ class Trainer:
         if d.rank == 0:
             emit("start", params=self.n_params, world=d.world, device=str(d.device),
                  sequences=self.batches.sequences, start_step=self.start_step, max_steps=cfg.max_steps,
-                 parallelism=cfg.parallelism)
+                 parallelism=cfg.parallelism, attention=self.attention)
         self.throughput, self.started = Throughput(self.tokens_per_step), time.perf_counter()
 
     def resume(self) -> TrainState:
@@ -303,7 +303,7 @@ class Trainer:
         if self.val_rows is None:
             return
         done = self.state.step
-        self.state.val_losses[done] = validation_loss(self.module, self.val_rows, self.cfg, self.d)
+        self.state.val_losses[done] = validation_loss(self.module, self.val_rows, self.cfg, self.d, self.attention)
         self.ckpt.protected = self.state.best_step
         self.logger.log({"val_loss": self.state.val_losses[done]}, step=done)
 
@@ -324,7 +324,8 @@ class Trainer:
                    "tokens_per_step": self.tokens_per_step, "tokens_seen": cfg.max_steps * self.tokens_per_step,
                    "losses": state.losses, "final_loss": float(np.mean(last)),
                    "resumed_from": self.start_step, "wall_s": time.perf_counter() - self.started,
-                   "parallelism": cfg.parallelism, "val_losses": state.val_losses, "best_step": state.best_step}
+                   "parallelism": cfg.parallelism, "attention": self.attention, "val_losses": state.val_losses,
+                   "best_step": state.best_step}
         export(self.model, self.spec, d, "hf")
         best = state.best_step
         if best is not None and best != cfg.max_steps:
@@ -345,7 +346,7 @@ def train(spec: TrainSpec) -> dict[str, Any]:
 
 @torch.no_grad()
 def validation_loss(module: torch.nn.Module, rows: tuple[np.ndarray, np.ndarray | None], cfg: TrainConfig,
-                    d: parallel.Dist) -> float:
+                    d: parallel.Dist, attention: str = "sdpa") -> float:
     """Mean token loss on the held-out rows, averaged over ranks (every rank runs the same batch count)."""
     tokens, positions = rows
     module.eval()
@@ -354,7 +355,7 @@ def validation_loss(module: torch.nn.Module, rows: tuple[np.ndarray, np.ndarray 
         batch = torch.from_numpy(tokens[start:start + cfg.micro_batch_size]).to(d.device)
         pos = (torch.from_numpy(positions[start:start + cfg.micro_batch_size]).to(d.device)
                if positions is not None and cfg.document_masking else None)
-        loss = module(**model_inputs(batch, pos)).loss
+        loss = module(**model_inputs(batch, pos, attention)).loss
         total += torch.tensor([float(loss) * len(batch), len(batch)], dtype=torch.float64, device=d.device)
     module.train()
     if d.distributed:
