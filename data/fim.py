@@ -33,10 +33,16 @@ def plan(text: str, rng: np.random.Generator, fim_rate: float, spm_rate: float) 
     return mode, (text[:a], text[a:b], text[b:])
 
 
-def assemble(mode: str, parts: list[list[int]], ids: FimIds) -> list[int]:
+def pieces(mode: str, parts: list[list[int]], ids: FimIds) -> list[list[int]]:
+    """The document's id runs in training order (sentinels as one-id runs): ``assemble`` is their concatenation.
+    The stage chains every document's runs into one array without building each document's list first."""
     if mode == "plain":
-        return parts[0]
+        return [parts[0]]
     prefix, middle, suffix = parts
     if mode == "psm":
-        return [ids.prefix, *prefix, ids.suffix, *suffix, ids.middle, *middle]
-    return [ids.prefix, ids.suffix, *suffix, ids.middle, *prefix, *middle]
+        return [[ids.prefix], prefix, [ids.suffix], suffix, [ids.middle], middle]
+    return [[ids.prefix, ids.suffix], suffix, [ids.middle], prefix, middle]
+
+
+def assemble(mode: str, parts: list[list[int]], ids: FimIds) -> list[int]:
+    return [i for run in pieces(mode, parts, ids) for i in run]

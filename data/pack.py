@@ -3,6 +3,9 @@
 Each shard has a twin with per-token positions: the offset within the token's document, restarting at 0
 at every document start and at the start of every row (a continued document is a new block in the next
 row). The trainer turns them into ``position_ids`` and a block-causal attention mask.
+
+Packing works on whole arrays (a shard's documents at once: flat ids plus per-document lengths), so its cost
+stays a small fraction of the encode call that produced them.
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+
+ID_DTYPE = np.dtype(np.uint32)  # token ids between encoder and writer (the shards use token_dtype)
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -35,21 +40,32 @@ class Packer:
 
     def __init__(self, eos_id: int, seq_len: int) -> None:
         self.eos_id, self.seq_len = eos_id, seq_len
-        self.buf: list[int] = []
-        self.starts: list[bool] = []
+        self.buf = np.empty(0, dtype=ID_DTYPE)
+        self.starts = np.empty(0, dtype=bool)
+
+    def add_docs(self, ids: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Documents given as their ids concatenated plus each one's length: EOS goes after each, and the rows
+        completed so far come back as two [n, seq_len] arrays (tokens, positions); n may be 0."""
+        lengths = np.asarray(lengths, dtype=np.int64)
+        ends = np.cumsum(lengths + 1)  # one past each document's EOS, in the new stream
+        stream = np.empty(int(ends[-1]) if len(ends) else 0, dtype=ID_DTYPE)
+        is_eos = np.zeros(len(stream), dtype=bool)
+        is_eos[ends - 1] = True
+        stream[is_eos] = self.eos_id
+        stream[~is_eos] = ids
+        starts = np.zeros(len(stream), dtype=bool)
+        starts[ends - lengths - 1] = True
+        buf = np.concatenate([self.buf, stream])
+        starts = np.concatenate([self.starts, starts])
+        cut = len(buf) // self.seq_len * self.seq_len
+        self.buf, self.starts = buf[cut:].copy(), starts[cut:].copy()
+        rows = buf[:cut].reshape(-1, self.seq_len)
+        return rows, positions_from_starts(starts[:cut].reshape(-1, self.seq_len))
 
     def add(self, ids: list[int]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        self.buf.extend(ids)
-        self.buf.append(self.eos_id)
-        self.starts.append(True)
-        self.starts.extend([False] * len(ids))
-        n_full = len(self.buf) // self.seq_len
-        if n_full:
-            cut = n_full * self.seq_len
-            toks = np.asarray(self.buf[:cut], dtype=np.int64).reshape(n_full, self.seq_len)
-            pos = positions_from_starts(np.asarray(self.starts[:cut], dtype=bool).reshape(n_full, self.seq_len))
-            del self.buf[:cut], self.starts[:cut]
-            yield from zip(toks, pos, strict=True)
+        """One document; yields each completed (tokens, positions) row."""
+        rows, positions = self.add_docs(np.asarray(ids, dtype=ID_DTYPE), np.array([len(ids)]))
+        yield from zip(rows, positions, strict=True)
 
     @property
     def leftover(self) -> int:
@@ -62,25 +78,37 @@ class TokenShardWriter:
     def __init__(self, out_dir: Path, seq_len: int, dtype: np.dtype, rows_per_shard: int) -> None:
         self.out_dir, self.seq_len, self.dtype, self.rows_per_shard = out_dir, seq_len, dtype, rows_per_shard
         out_dir.mkdir(parents=True, exist_ok=True)
-        self.rows: list[np.ndarray] = []
+        self.rows: list[np.ndarray] = []  # [k, seq_len] blocks, fewer than rows_per_shard rows in all
         self.pos: list[np.ndarray] = []
+        self.pending = 0
         self.shards: list[dict] = []
 
     def add(self, row: np.ndarray, positions: np.ndarray | None = None) -> None:
-        self.rows.append(row)
-        self.pos.append(np.arange(len(row)) if positions is None else positions)
-        if len(self.rows) >= self.rows_per_shard:
-            self.flush()
+        self.add_rows(row[None], None if positions is None else positions[None])
+
+    def add_rows(self, rows: np.ndarray, positions: np.ndarray | None = None) -> None:
+        """A [n, seq_len] block of rows (and their positions; default 0..seq_len-1), cut at shard boundaries."""
+        if positions is None:
+            positions = np.broadcast_to(np.arange(rows.shape[1]), rows.shape)
+        i = 0
+        while i < len(rows):
+            take = min(self.rows_per_shard - self.pending, len(rows) - i)
+            self.rows.append(rows[i:i + take])
+            self.pos.append(positions[i:i + take])
+            self.pending += take
+            i += take
+            if self.pending >= self.rows_per_shard:
+                self.flush()
 
     def flush(self) -> None:
-        if not self.rows:
+        if not self.pending:
             return
-        arr = np.stack(self.rows).astype(self.dtype)
+        arr = np.concatenate(self.rows).astype(self.dtype)
         name = f"tokens-{len(self.shards):05d}.npy"
         np.save(self.out_dir / name, arr)
-        np.save(self.out_dir / name.replace("tokens-", "positions-"), np.stack(self.pos).astype(np.uint16))
+        np.save(self.out_dir / name.replace("tokens-", "positions-"), np.concatenate(self.pos).astype(np.uint16))
         self.shards.append({"file": f"{self.out_dir.name}/{name}", "rows": int(arr.shape[0])})
-        self.rows, self.pos = [], []
+        self.rows, self.pos, self.pending = [], [], 0
 
 
 def open_token_shards(token_dir: Path, kind: str = "tokens") -> list[np.ndarray]:
