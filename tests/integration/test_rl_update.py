@@ -243,3 +243,21 @@ def test_no_group_with_a_signal_exports_the_policy_unchanged(policy, tmp_path):
     for f in Path(policy).iterdir():
         assert (out / f.name).read_bytes() == f.read_bytes(), f.name
     assert json.loads((out / SUMMARY).read_text())["metrics"]["groups_kept"] == 0
+
+
+def test_one_rank_matches_two_ranks(policy, rollouts, ddp_run, tmp_path):
+    """The same steps on one rank (twice the micro-batch) give the two-rank weights: the loss is normalised by the
+    whole step's token count, not per rank or micro-batch (in process: one rank needs no torchrun)."""
+    straight, _ = ddp_run
+    spec = RLUpdateSpec.model_validate_json(_spec(policy, rollouts, tmp_path).read_text())
+    spec.grpo.micro_batch_size, spec.grpo.nproc_per_node = 4, 1
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    try:
+        summary = update(spec)
+    finally:
+        torch.use_deterministic_algorithms(deterministic)
+    assert summary["metrics"]["steps"] == 6
+    a = load_file(str(straight / "out" / "model.safetensors"))
+    b = load_file(str(tmp_path / "out" / "model.safetensors"))
+    for name in a:
+        torch.testing.assert_close(b[name], a[name], rtol=1e-4, atol=1e-5)
