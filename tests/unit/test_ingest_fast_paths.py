@@ -1,0 +1,56 @@
+"""The ingest's fast paths give exactly what their plain definitions give: filter statistics read off the UTF-8
+bytes against the Polars expressions that define them, on text built to hit every edge (non-ASCII letters next
+to hex runs, non-ASCII spaces, multi-byte characters on long lines, empty lines, no final newline)."""
+
+import random
+
+import polars as pl
+import pytest
+from polars.testing import assert_frame_equal
+
+from codemill.data.filters import fast_filter_stats, filter_stats, head_lines
+
+EDGE_TEXTS = [
+    "", "\n", "\n\n", "a", "a\n", "é", "é\n", "\r\n\r\n", "x = 1\r\ny = 2\r\n",
+    "é" * 1200 + "\n" + "a" * 999, "a" * 1001, "ab\n" * 3 + "日本語" * 400,
+    "é12 34 56 78 9a bc de f0 12 34", "12 34 56 78 9a bc de f0 12 34é", "\u00a012\u00a034 56 78 9a bc de f0 12 34",
+    "x = [0x12, 0x34, 0x56, 0x78, 0x9a, 0xbc, 0xde, 0xf0]\n", "s = '\\x12\\x34\\x56\\x78\\x9a\\xbc\\xde\\xf0'\n",
+    "é" + "QUJD" * 30 + "é" + "QUJD" * 30 + "\n", "日" + "A" * 70 + "\n" + "B" * 70, "\\u00e9" * 9 + "ü",
+    "🙂 " * 300 + "\n" + "z" * 5, "ab,cd,ef,01,23,45,67,89,ab", "α1 β2 γ3 ab cd ef 01 23 45 67 89",
+]
+ALPHABET = list("ab09xX,\\u =+/\n\t ") + ["é", "日", "🙂", "\u00a0", "\u3000", "ß", "Ⅻ", "١"]
+
+
+def _random_texts(n: int, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        pieces = []
+        for _ in range(rng.randint(0, 40)):
+            kind = rng.random()
+            if kind < 0.15:
+                pieces.append(" ".join(rng.choice("0123456789abcdef") + rng.choice("0123456789abcdef")
+                                       for _ in range(rng.randint(1, 12))))
+            elif kind < 0.25:
+                pieces.append("".join(rng.choice("ABCxyz09+/=\n") for _ in range(rng.randint(50, 120))))
+            else:
+                pieces.append("".join(rng.choice(ALPHABET) for _ in range(rng.randint(0, 30))))
+        out.append("".join(pieces))
+    return out
+
+
+@pytest.mark.parametrize("texts", [EDGE_TEXTS, _random_texts(400)], ids=["edges", "random"])
+def test_fast_filter_stats_equal_the_defining_expressions(texts):
+    s = pl.Series("content", texts, dtype=pl.String)
+    assert_frame_equal(fast_filter_stats(s), pl.DataFrame({"content": s}).select(filter_stats(pl.col("content"))))
+    # a slice (Arrow offset not 0) reads the same bytes
+    assert_frame_equal(fast_filter_stats(s.slice(3)), pl.DataFrame({"content": s.slice(3)}).select(
+        filter_stats(pl.col("content"))))
+
+
+@pytest.mark.parametrize("lines", [1, 2, 5])
+def test_head_lines_equals_split_head_join(lines):
+    df = pl.DataFrame({"content": EDGE_TEXTS + _random_texts(100, seed=1)})
+    split = pl.col("content").str.split("\n").list.head(lines).list.join("\n").str.to_lowercase()
+    fast = df.select(head_lines(pl.col("content"), lines)).to_series()
+    assert fast.to_list() == df.select(split).to_series().to_list()
