@@ -1,6 +1,6 @@
 """Rollouts rewarded in the real bubblewrap sandbox: known-correct and known-wrong completions, judging overlapped
-with generation, a judge lost mid-sample judged again, a sandbox that stops starting fails the collection, and
-the Ray fan-out gives the single-process rows."""
+with generation, a judge lost mid-sample judged again, a sandbox that stops starting fails the collection
+(the Ray fan-out: test_rollout_ray.py)."""
 
 from __future__ import annotations
 
@@ -99,35 +99,37 @@ def test_rewards_of_known_completions_through_the_sandbox(policy, pool, tmp_path
     assert table.column("reward").to_pylist() == [r["reward"] for r in rows]
 
 
-def test_model_rollouts_overlapped_or_not_are_the_same(policy, pool, tmp_path):
-    """The real engine end to end: rows of both modes equal (but the judge's timings), and judging really ran
-    while the next batch generated: with overlap, a batch's rewards start before the last batch's generation
-    ends."""
-    engine = HFEngine(policy)
-    params = RolloutParams(temperature=1.0, max_new_tokens=24, stop=("\ndef",))
-    started: list[float] = []
-    real_score = judge
-
-    def spy(*args, **kwargs):
-        started.append(time.monotonic())
-        return real_score(*args, **kwargs)
-
+def test_model_rollouts_overlapped_or_not_are_the_same(policy, pool, tmp_path, monkeypatch):
+    """The real engine end to end: rows of both modes equal (but the judge's timings). With overlap the first batch
+    is still being judged when the engine has moved on to the next one; without, it is judged before."""
     import codemill.evals.rollout as rollout
 
-    rollout.judge = spy  # (only observes: the real judge runs)
-    try:
-        gen_end: list[float] = []
-        rows_o, t_o = collect_rollouts(engine, PROBLEMS, 2, params, pool, seed=3, batch_problems=1,
-                                       on_batch=lambda i, n: gen_end.append(time.monotonic()))
-    finally:
-        rollout.judge = real_score
-    rows_s, t_s = collect_rollouts(engine, PROBLEMS, 2, params, pool, seed=3, batch_problems=1, overlap=False)
+    engine = HFEngine(policy)
+    params = RolloutParams(temperature=1.0, max_new_tokens=24, stop=("\ndef",))
+    judged_until: list[float] = []
+    real_judge = rollout.judge
+
+    def timed_judge(*args, **kwargs):  # observes only: the real judge runs
+        try:
+            return real_judge(*args, **kwargs)
+        finally:
+            judged_until.append(time.monotonic())
+
+    monkeypatch.setattr(rollout, "judge", timed_judge)
+    runs = {}
+    for overlap in (True, False):
+        judged_until.clear()
+        handed_on: list[float] = []  # when the loop moved on from a batch (to generating the next)
+        runs[overlap] = collect_rollouts(engine, PROBLEMS, 2, params, pool, seed=3, batch_problems=1, overlap=overlap,
+                                         on_batch=lambda i, n, h=handed_on: h.append(time.monotonic()))
+        first_judged, first_handed_on = judged_until[0], handed_on[0]
+        assert (first_judged > first_handed_on) is overlap
+    (rows_o, t_o), (rows_s, t_s) = runs[True], runs[False]
     strip = [{k: v for k, v in r.items() if k != "duration_s"} for r in rows_o]
     assert strip == [{k: v for k, v in r.items() if k != "duration_s"} for r in rows_s]
     assert len(rows_o) == 8 and {r["finish_reason"] for r in rows_o} <= {"stop", "eos", "length"}
     assert all(r["reward"] == 0.0 for r in rows_o)  # an untrained model solves nothing
     assert t_o.overlap and not t_s.overlap and t_o.tokens == t_s.tokens
-    assert started[0] < gen_end[-1]  # the first batch was being judged while later batches generated
     write_rollouts(rows_o, tmp_path)
     assert read_rollouts(tmp_path).num_rows == 8
 
@@ -202,26 +204,3 @@ def test_a_sandbox_that_cannot_start_fails_the_collection_closed(policy):
         with pytest.raises(SandboxUnavailable):
             collect_rollouts(ScriptedEngine(policy, answers), PROBLEMS, 1, RolloutParams(max_new_tokens=32), pool,
                              seed=0, batch_problems=2)
-
-
-def test_ray_fanout_gives_the_single_process_rollouts(policy, pool):
-    """Two Ray workers, each with its own engine and judge pool, taking whole batches: the same text, token ids,
-    log-probs and rewards as one process, in the same order; a weight sync reaches every worker."""
-    import ray
-
-    from codemill.evals.rollout_ray import RayRollouts
-
-    problems = synthetic_problems(9, 5)
-    problems[2] = PROBLEMS[0]  # the reference passes: some rewards differ from 0
-    params = RolloutParams(temperature=1.0, max_new_tokens=16, stop=("\ndef",))
-    local_rows, _ = collect_rollouts(HFEngine(policy), problems, 2, params, pool, seed=4, batch_problems=2)
-    with RayRollouts(policy, ray_address="local", workers=2, limits=LIMITS, judge_workers=1,
-                     ray_init={"num_cpus": 2, "object_store_memory": 100 * 2**20, "include_dashboard": False}) as fleet:
-        assert len(set(ray.get([a.pid.remote() for a in fleet.actors]))) == 2
-        ray_rows, timings = fleet.collect(problems, 2, params, seed=4, batch_problems=2)
-        fleet.load_weights(policy)  # the same folder: a no-op reload that must not change anything
-    assert not ray.is_initialized()
-    assert timings.workers == 2 and timings.batches == 3 and timings.samples == 10
-    assert len(ray_rows) == len(local_rows) == 10
-    for a, b in zip(local_rows, ray_rows, strict=True):
-        assert {k: v for k, v in a.items() if k != "duration_s"} == {k: v for k, v in b.items() if k != "duration_s"}
