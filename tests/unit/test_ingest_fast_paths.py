@@ -4,10 +4,12 @@ to hex runs, non-ASCII spaces, multi-byte characters on long lines, empty lines,
 
 import random
 
+import numpy as np
 import polars as pl
 import pytest
 from polars.testing import assert_frame_equal
 
+from codemill.data.decontaminate import _in_index
 from codemill.data.filters import fast_filter_stats, filter_stats, head_lines
 
 EDGE_TEXTS = [
@@ -54,3 +56,14 @@ def test_head_lines_equals_split_head_join(lines):
     split = pl.col("content").str.split("\n").list.head(lines).list.join("\n").str.to_lowercase()
     fast = df.select(head_lines(pl.col("content"), lines)).to_series()
     assert fast.to_list() == df.select(split).to_series().to_list()
+
+
+def test_index_lookup_equals_isin():
+    rng = np.random.default_rng(0)
+    index = np.sort(rng.integers(0, 2**64, 5000, dtype=np.uint64))
+    near = index[:300] ^ np.uint64(1)  # same top bits as an index entry, not in the index: past the table
+    hashes = np.concatenate([rng.integers(0, 2**64, 20000, dtype=np.uint64), index[::7], near])
+    rng.shuffle(hashes)
+    got = _in_index(hashes, index)
+    assert got.sum() > 700 and (got == np.isin(hashes, index)).all()
+    assert not _in_index(np.empty(0, np.uint64), index).any()
