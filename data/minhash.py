@@ -6,9 +6,10 @@ one of ``num_perm`` bins; a bin keeps the smallest 32-bit value that fell in it.
 bin that comes first, among the filled ones, in a fixed pseudo-random order of the bins that starts at ``j``
 itself (the same order for every document), so two documents' bin ``j`` still agree with probability equal
 to their Jaccard similarity. The work is O(shingles), not O(shingles x num_perm) as in classic MinHash:
-on the 4,000-file benchmark sample this is the difference between 1.2 s and a few tens of ms, at the same
-precision and recall against exact Jaccard (``benchmarks/near_dedup.py``). Every step is integer numpy on
-one thread, so the result depends only on the shingle hashes, ``num_perm`` and ``seed``.
+on the 4,000-file benchmark sample this is the difference between 1.2 s (numpy, 256 permutations) and a few
+tens of ms, at the precision and recall of rensa's MinHash against exact Jaccard (``benchmarks/near_dedup.py``).
+Every step is integer arithmetic on one document at a time, so the result depends only on the shingle hashes,
+``num_perm`` and ``seed`` (not on the batch, the machine or the thread count).
 
 LSH: the signature is cut into ``bands`` x ``rows``; two documents are candidates when any band matches
 exactly. Parameters default to BigCode's (256 permutations, Jaccard 0.7); bands/rows are chosen like
@@ -18,11 +19,12 @@ datasketch's ``optimal_param`` (equal weight on false positives and false negati
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 
 import numpy as np
-import scipy.sparse as sp
-from scipy.sparse.csgraph import connected_components
+from numba import njit
 
 from codemill.data.shingles import NgramHashes
 
@@ -32,9 +34,7 @@ ALGORITHM = "oph-optimal-densification-v1"
 NO_SIGNATURE = np.uint32(0xFFFFFFFF)
 _MIX = np.uint64(0xBF58476D1CE4E5B9)
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_BLOCK = 32768  # shingles hashed per step: the temporaries stay in cache
-_SCAN = 4096  # below this many empty cells left, probing scans each cell's whole remaining order at once
-_SPARSE = 16  # documents with fewer filled bins are densified by rank (cheaper than probing for them)
+_MIN_DOCS_PER_THREAD = 512  # below this a thread costs more than it saves
 
 
 def _splitmix(x: np.ndarray) -> np.ndarray:
@@ -50,81 +50,66 @@ def _seed_words(seed: int, n: int) -> np.ndarray:
 
 
 @lru_cache(maxsize=8)
-def bin_order(num_perm: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """(order.T, rank.T), both (num_perm, num_perm): ``order[j]`` is the sequence of bins an empty bin ``j`` looks
-    through (``j`` itself first, then the others in a seeded pseudo-random order); ``rank`` is its inverse
-    (``rank[j, order[j, t]] == t``). Transposed, so that one probe step reads a contiguous row."""
+def bin_order(num_perm: int, seed: int) -> np.ndarray:
+    """(num_perm, num_perm) int64: row ``j`` is the sequence of bins an empty bin ``j`` looks through (``j``
+    itself first, then every other bin in a seeded pseudo-random order, the same for every document)."""
     cells = np.arange(num_perm * num_perm, dtype=np.uint64).reshape(num_perm, num_perm)
     keys = _splitmix(cells ^ _seed_words(seed, 3)[2])
     keys[np.arange(num_perm), np.arange(num_perm)] = 0
-    order = np.argsort(keys, axis=1, kind="stable")
-    rank = np.empty_like(order)
-    np.put_along_axis(rank, order, np.arange(num_perm)[None, :].repeat(num_perm, 0), axis=1)
-    return np.ascontiguousarray(order.T), np.ascontiguousarray(rank.T)
+    return np.argsort(keys, axis=1, kind="stable")
 
 
-def signatures(ngrams: NgramHashes, num_perm: int, seed: int) -> np.ndarray:
+def signatures(ngrams: NgramHashes, num_perm: int, seed: int, threads: int | None = None) -> np.ndarray:
     """(n_docs, num_perm) uint32; a document without shingles gets all NO_SIGNATURE.
 
     Each shingle hash goes through two seeded multiply-shift hashes (the top 32 bits of a 64-bit product):
-    one picks the bin (Lemire's multiply-high range reduction), the other is the value. Blocks of
-    ``_BLOCK`` shingles keep the temporaries in cache (2x faster than whole-array passes).
+    one picks the bin (Lemire's multiply-high range reduction), the other is the value. A compiled kernel
+    (numba, GIL released) does one document at a time, so ``threads`` (default: the CPU count) split the
+    documents into ranges of about equal shingle counts; every document's signature is the same whatever the
+    split, so the result does not depend on the thread count.
     """
-    n, k = ngrams.n_docs, num_perm
+    n = ngrams.n_docs
     m_bin, m_val = _seed_words(seed, 3)[:2] | np.uint64(1)
-    sig = np.full(n * k, NO_SIGNATURE, dtype=np.uint32)
-    filled = np.zeros(n * k, dtype=bool)
-    tmp, cell, val = np.empty(_BLOCK, np.uint64), np.empty(_BLOCK, np.int64), np.empty(_BLOCK, np.uint32)
-    for s0 in range(0, len(ngrams.hashes), _BLOCK):
-        h = ngrams.hashes[s0:s0 + _BLOCK]
-        t, c, v = tmp[:len(h)], cell[:len(h)], val[:len(h)]
-        np.multiply(h, m_bin, out=t)
-        np.right_shift(t, np.uint64(32), out=t)
-        np.multiply(t, np.uint64(k), out=t)
-        np.right_shift(t, np.uint64(32), out=t)
-        np.multiply(ngrams.doc[s0:s0 + _BLOCK], k, out=c)
-        np.add(c, t.view(np.int64), out=c)
-        np.multiply(h, m_val, out=t)
-        np.right_shift(t, np.uint64(32), out=t)
-        v[:] = t
-        np.minimum.at(sig, c, v)
-        filled[c] = True
-    out = sig[_densify(filled.reshape(n, k), *bin_order(k, seed))].reshape(n, k)
-    out[~filled.reshape(n, k).any(axis=1)] = NO_SIGNATURE
+    out = np.empty((n, num_perm), dtype=np.uint32)
+    off = np.searchsorted(ngrams.doc, np.arange(n + 1))
+    order = bin_order(num_perm, seed)
+    parts = max(1, min(threads or os.cpu_count() or 1, n // _MIN_DOCS_PER_THREAD))
+    cuts = np.unique(np.searchsorted(off, np.linspace(0, off[-1], parts + 1)[1:-1]))
+    bounds = [0, *cuts.tolist(), n]
+    if len(bounds) == 2:
+        _oph(ngrams.hashes, off, m_bin, m_val, order, out, 0, n)
+        return out
+    with ThreadPoolExecutor(len(bounds) - 1) as pool:
+        list(pool.map(lambda lo_hi: _oph(ngrams.hashes, off, m_bin, m_val, order, out, *lo_hi),
+                      zip(bounds[:-1], bounds[1:], strict=True)))
     return out
 
 
-def _densify(filled: np.ndarray, order_t: np.ndarray, rank_t: np.ndarray) -> np.ndarray:
-    """Flat index (doc * num_perm + bin) of the cell each cell copies: itself when filled, else the first
-    filled bin of ``order[j]`` in the same document. Sparse documents take the filled bin of least rank
-    directly (work ~ filled x num_perm); the others probe ``order[j]`` one step at a time over all their
-    empty cells at once, and the few cells still empty after that scan the rest of their order in one block.
-    """
-    n, k = filled.shape
-    src = np.arange(n * k, dtype=np.int64)
-    count = filled.sum(axis=1)
-    sparse = np.flatnonzero((count > 0) & (count < _SPARSE))
-    if len(sparse):
-        d, s = np.nonzero(filled[sparse])
-        codes = np.take(rank_t, s, axis=0) * k + s[:, None]  # (filled cells, num_perm): rank of s in order[j]
-        starts = np.flatnonzero(np.r_[True, d[1:] != d[:-1]])
-        best = np.minimum.reduceat(codes, starts, axis=0) % k + (sparse * k)[:, None]
-        src.reshape(n, k)[sparse] = best
-    flat = filled.ravel()
-    cells = np.flatnonzero(~flat & np.repeat(count >= _SPARSE, k))
-    j = cells % k
-    base = cells - j
-    t = 1
-    while len(cells) > _SCAN and t < k:
-        cand = np.take(order_t[t], j) + base
-        ok = flat[cand]
-        src[cells[ok]] = cand[ok]
-        miss = ~ok
-        cells, j, base, t = cells[miss], j[miss], base[miss], t + 1
-    if len(cells):
-        cand = np.take(order_t[t:].T, j, axis=0) + base[:, None]
-        src[cells] = cand[np.arange(len(cells)), flat[cand].argmax(axis=1)]
-    return src
+@njit(cache=True, nogil=True)
+def _oph(hashes: np.ndarray, off: np.ndarray, m_bin: np.uint64, m_val: np.uint64, order: np.ndarray,
+         out: np.ndarray, lo: int, hi: int) -> None:  # pragma: no cover - compiled; tested against a reference
+    k = out.shape[1]
+    k64, s32 = np.uint64(k), np.uint64(32)
+    row = np.empty(k, dtype=np.uint32)
+    filled = np.empty(k, dtype=np.bool_)
+    for d in range(lo, hi):
+        if off[d + 1] == off[d]:
+            out[d, :] = NO_SIGNATURE
+            continue
+        row[:] = NO_SIGNATURE
+        filled[:] = False
+        for q in range(off[d], off[d + 1]):
+            h = hashes[q]
+            b = (((h * m_bin) >> s32) * k64) >> s32
+            v = np.uint32((h * m_val) >> s32)
+            filled[b] = True
+            if v < row[b]:
+                row[b] = v
+        for j in range(k):
+            t = 0
+            while not filled[order[j, t]]:
+                t += 1
+            out[d, j] = row[order[j, t]]
 
 
 @lru_cache(maxsize=32)
@@ -144,40 +129,76 @@ def optimal_bands(threshold: float, num_perm: int) -> tuple[int, int]:
 
 def band_keys(sig: np.ndarray, bands: int, rows: int) -> np.ndarray:
     """(n_docs, bands) uint64: one hash per band of ``rows`` signature values."""
-    n = sig.shape[0]
-    keys = np.zeros((n, bands), dtype=np.uint64)
-    s = sig[:, :bands * rows].astype(np.uint64).reshape(n, bands, rows)
-    with np.errstate(over="ignore"):
-        for r in range(rows):
-            keys = keys * _MIX + s[:, :, r] + np.uint64(r + 1)
+    keys = np.empty((sig.shape[0], bands), dtype=np.uint64)
+    _band_keys(np.ascontiguousarray(sig), rows, keys)
     return keys
+
+
+@njit(cache=True, nogil=True)
+def _band_keys(sig: np.ndarray, rows: int, keys: np.ndarray) -> None:  # pragma: no cover - compiled
+    n, bands = keys.shape
+    for d in range(n):
+        for b in range(bands):
+            key = np.uint64(0)
+            for r in range(rows):
+                key = key * _MIX + np.uint64(sig[d, b * rows + r]) + np.uint64(r + 1)
+            keys[d, b] = key
 
 
 def lsh_components(keys: np.ndarray, valid: np.ndarray) -> np.ndarray:
     """Connected components of the candidate graph (any equal band), as a label per document.
 
-    ``valid`` marks documents that take part; the others are singletons. Edges join each bucket member to
-    the bucket's first member, so the graph has at most bands x n edges.
+    ``valid`` marks documents that take part; the others are singletons. Per band, an open-addressing table
+    finds each key's first document and a union-find joins the later ones to it. Components are numbered in
+    the order of their smallest document (as ``scipy.sparse.csgraph.connected_components`` numbers them).
     """
-    n, bands = keys.shape
-    idx = np.flatnonzero(valid)
-    if len(idx) < 2:
-        return np.arange(n)
-    rows_, cols_ = [], []
-    for j in range(bands):
-        k = keys[idx, j]
-        order = np.argsort(k, kind="stable")
-        ks = k[order]
-        first = np.r_[True, ks[1:] != ks[:-1]]
-        group_first = order[np.maximum.accumulate(np.where(first, np.arange(len(ks)), 0))]
-        dup = ~first
-        rows_.append(idx[order[dup]])
-        cols_.append(idx[group_first[dup]])
-    r = np.concatenate(rows_) if rows_ else np.empty(0, np.int64)
-    c = np.concatenate(cols_) if cols_ else np.empty(0, np.int64)
-    graph = sp.coo_matrix((np.ones(len(r), dtype=np.int8), (r, c)), shape=(n, n)).tocsr()
-    _, labels = connected_components(graph, directed=False)
+    n = keys.shape[0]
+    labels = np.empty(n, dtype=np.int64)
+    bits = max(4, int(2 * n).bit_length())
+    _components(np.ascontiguousarray(keys, dtype=np.uint64), np.ascontiguousarray(valid, dtype=np.bool_), bits,
+                labels)
     return labels
+
+
+@njit(cache=True, nogil=True)
+def _find(parent: np.ndarray, x: int) -> int:  # pragma: no cover - compiled
+    while parent[x] != x:
+        parent[x] = parent[parent[x]]
+        x = parent[x]
+    return x
+
+
+@njit(cache=True, nogil=True)
+def _components(keys: np.ndarray, valid: np.ndarray, bits: int, labels: np.ndarray) -> None:  # pragma: no cover
+    n, bands = keys.shape
+    parent = np.arange(n)
+    size = 1 << bits
+    mask, shift = np.int64(size - 1), np.uint64(64 - bits)
+    slot_key = np.empty(size, dtype=np.uint64)
+    slot_doc = np.empty(size, dtype=np.int64)
+    for b in range(bands):
+        slot_doc[:] = -1
+        for d in range(n):
+            if not valid[d]:
+                continue
+            key = keys[d, b]
+            slot = np.int64((key * _GOLDEN) >> shift)
+            while slot_doc[slot] != -1 and slot_key[slot] != key:
+                slot = (slot + np.int64(1)) & mask
+            if slot_doc[slot] == -1:
+                slot_doc[slot], slot_key[slot] = d, key
+            else:
+                ra, rb = _find(parent, d), _find(parent, slot_doc[slot])
+                if ra != rb:  # the root is the smallest document, whatever the order of unions
+                    parent[max(ra, rb)] = min(ra, rb)
+    label = np.full(n, -1, dtype=np.int64)
+    nxt = 0
+    for d in range(n):
+        r = _find(parent, d)
+        if label[r] == -1:
+            label[r] = nxt
+            nxt += 1
+        labels[d] = label[r]
 
 
 def keep_one_per_component(labels: np.ndarray, rank: np.ndarray) -> np.ndarray:
