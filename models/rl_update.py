@@ -15,6 +15,19 @@ complete-looking export. Stdout: ``{"event": "start"}``, one ``{"event": "step"}
 ``{"event": "done", "metrics": {...}}``. If no group survives dynamic sampling the policy is exported unchanged
 (``steps`` 0, ``groups_kept`` 0, ``skipped`` says why). The DCP checkpoints in ``ckpt_dir`` are resume scratch:
 the caller deletes them once the export is committed.
+
+Metrics (the done line and ``update_summary.json``; the same keys when skipped):
+  selection   samples, samples_kept, samples_truncated, groups, groups_kept (groups with a sample that trained),
+              groups_zero_variance, groups_dropped (by dynamic sampling), adv_abs_mean
+  loss        loss (the optimised objective), pg_loss (its clipped policy part): means over steps
+  per token   kl (kl_ref with a reference, else kl_old), kl_old (k3 KL of the current policy to the sampling
+              one, before each step's update), kl_ref (k3 KL to the reference; 0 without one), entropy,
+              clip_frac_low, clip_frac_high, ratio_mean: token-weighted over steps; ratio_min, ratio_max
+  optimiser   grad_norm (mean of the pre-clip norms), grad_norm_max, lr (the last step's), steps, tokens (loss
+              tokens over all steps and epochs)
+  time        update_s (this process), tokens_per_s (tokens of the steps this process ran / update_s),
+              resumed_from (the step it resumed at, 0 for a fresh run)
+A step line carries step, steps, samples and the per-token, loss and optimiser values of that one step.
 """
 
 from __future__ import annotations
@@ -259,13 +272,19 @@ class GRPOUpdate:
 
     def skip(self) -> dict[str, Any]:
         """No sample survived the selection: export the policy unchanged, and say so."""
-        metrics = summarize([], self.plan.stats)
-        reason = "no group with distinct rewards survived dynamic sampling" if self.plan.stats["groups_kept"] == 0 \
-            else "no sample left to train on after overlong masking"
-        summary = {"metrics": metrics, "skipped": reason, "update_s": time.perf_counter() - self.started}
+        stats = self.plan.stats
+        if not stats["samples"]:
+            reason = "the rollouts table is empty"
+        elif self.cfg.dynamic_sampling and stats["groups_dropped"] == stats["groups"]:
+            reason = "no group with distinct rewards survived dynamic sampling"
+        else:
+            reason = "no sample left to train on after overlong masking"
+        metrics = summarize([], stats) | {"update_s": time.perf_counter() - self.started, "resumed_from": 0,
+                                          "tokens_per_s": 0.0}
+        summary = {"metrics": metrics, "skipped": reason, "history": []}
         if self.d.rank == 0:
             write_policy(None, Path(self.spec.policy_dir), Path(self.spec.out_dir), summary)
-            emit("done", metrics={**metrics, "update_s": summary["update_s"]}, skipped=reason)
+            emit("done", metrics=metrics, skipped=reason)
         self.d.barrier()
         return summary
 

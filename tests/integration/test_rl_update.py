@@ -226,7 +226,7 @@ def test_fsdp_with_a_reference_matches_ddp(policy, rollouts, ddp_run, tmp_path):
     assert any(not torch.equal(a[n], load_file(str(policy / "model.safetensors"))[n]) for n in a)
 
 
-def test_no_group_with_a_signal_exports_the_policy_unchanged(policy, tmp_path):
+def test_no_group_with_a_signal_exports_the_policy_unchanged(policy, ddp_run, tmp_path):
     """All groups zero-variance: nothing to learn, so the export is the policy itself and the metrics say so
     (one rank, in process: the skip path loads no model)."""
     rollouts = _write_rollouts(policy, tmp_path / "rollouts.parquet", [[1.0] * 3, [0.0] * 3])
@@ -239,6 +239,7 @@ def test_no_group_with_a_signal_exports_the_policy_unchanged(policy, tmp_path):
     m = summary["metrics"]
     assert (m["groups"], m["groups_kept"], m["groups_dropped"], m["steps"]) == (2, 0, 2, 0)
     assert "dynamic sampling" in summary["skipped"]
+    assert set(m) == set(ddp_run[1][-1]["metrics"])  # the same metric names as a real update
     out = tmp_path / "out"
     for f in Path(policy).iterdir():
         assert (out / f.name).read_bytes() == f.read_bytes(), f.name
