@@ -73,6 +73,7 @@ def train_task(plan: StagePlan, ctx: RunContext, cfg: TrainConfig) -> StageResul
                                          "final_loss", "resumed_from", "wall_s", "parallelism")}
         stats["first_loss"] = summary["losses"][0] if summary["losses"] else None
         stats["best_step"] = summary.get("best_step")
+        stats["attention"] = summary.get("attention")  # flex_attention (CUDA, block mask) or sdpa (dense mask)
         stats["val_losses"] = summary.get("val_losses", {})
         manifest = w.finish(stats)
         shutil.rmtree(ckpt_dir.parent, ignore_errors=True)  # the committed export supersedes them

@@ -89,6 +89,8 @@ def test_loss_went_down(runs):
     summary = json.loads((train_dir / "train_summary.json").read_text())
     losses = summary["losses"]
     assert len(losses) == cfg.train.max_steps and summary["world_size"] == 2
+    # CPU trains with SDPA and the dense document mask (torch has no FlexAttention backward on CPU); recorded
+    assert summary["attention"] == store.read_manifest(_ref(first["stages"]["train"])).stats["attention"] == "sdpa"
     assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 0.5
 
 
