@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -20,3 +22,17 @@ def make_policy(root: Path, seed: int = 0, vocab_size: int = 400, max_len: int =
                         tok.get_vocab_size(), max_len, 0, 1, seed=seed)
     write_export(model, root / "tok", root)
     return root / "hf"
+
+
+@contextlib.contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """Run torch on ``n`` threads, then restore the count: on a shared 2-core machine two spinning OpenMP threads
+    make the tiny model's small ops about 10x slower than one."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

@@ -21,7 +21,7 @@ from codemill.evals.rollout import collect_rollouts, judge, read_rollouts, write
 from codemill.evals.sandbox import Limits, SandboxUnavailable
 from codemill.evals.sandbox.judge_pool import JudgePool
 from codemill.evals.synthetic import synthetic_problems
-from tests.tiny_policy import make_policy
+from tests.tiny_policy import make_policy, torch_threads
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
 
@@ -54,6 +54,12 @@ class ScriptedEngine:
 
     def load_weights(self, hf_dir: str | Path) -> None:
         self.hf.load_weights(hf_dir)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_torch_thread():
+    with torch_threads(1):
+        yield
 
 
 @pytest.fixture(scope="module")

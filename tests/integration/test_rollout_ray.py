@@ -17,7 +17,7 @@ from codemill.evals.rollout import collect_rollouts
 from codemill.evals.sandbox import Limits
 from codemill.evals.sandbox.judge_pool import JudgePool
 from codemill.evals.synthetic import synthetic_problems
-from tests.tiny_policy import make_policy
+from tests.tiny_policy import make_policy, torch_threads
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
 
@@ -30,6 +30,12 @@ def _problems():
     problems = synthetic_problems(9, 5)
     problems[2] = synthetic_problems(5, 1)[0]  # its reference is the answer below: some rewards are not 0
     return problems
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_torch_thread():
+    with torch_threads(1):
+        yield
 
 
 @pytest.fixture(scope="module")

@@ -19,10 +19,16 @@ from codemill.evals.engines import (
 )
 from codemill.evals.rollout import ROLLOUT_SCHEMA, RolloutsSchemaError, read_rollouts, write_rollouts
 from codemill.evals.synthetic import synthetic_problems
-from tests.tiny_policy import make_policy
+from tests.tiny_policy import make_policy, torch_threads
 
 PROMPTS = [p.prompt for p in synthetic_problems(3, 6)]
 SEEDS = [11, 12, 13, 14, 15, 16]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_torch_thread():
+    with torch_threads(1):
+        yield
 
 
 @pytest.fixture(scope="module")
