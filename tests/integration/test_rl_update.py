@@ -136,6 +136,7 @@ def _run(spec: Path, kill_at: int | None = None) -> list[dict]:
                 os.killpg(proc.pid, signal.SIGKILL)
                 break
     proc.wait(timeout=120)
+    proc.stdout.close()
     if kill_at is None:
         assert proc.returncode == 0, "".join(tail[-40:])
     return events
