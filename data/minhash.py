@@ -20,11 +20,12 @@ datasketch's ``optimal_param`` (equal weight on false positives and false negati
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
-from numba import njit
 
 from codemill.data.shingles import NgramHashes
 
@@ -35,6 +36,22 @@ NO_SIGNATURE = np.uint32(0xFFFFFFFF)
 _MIX = np.uint64(0xBF58476D1CE4E5B9)
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIN_DOCS_PER_THREAD = 512  # below this a thread costs more than it saves
+
+
+class _Kernel:
+    """A numba kernel (GIL released, machine code cached beside this file) compiled on first use: importing
+    numba takes ~1.5 s, which a process that never runs near-dedup (the CLI, a flow's start) should not pay."""
+
+    def __init__(self, fn: Callable[..., None]):
+        self.fn: Callable[..., None] = fn
+        self.compiled: Callable[..., None] | None = None
+
+    def __call__(self, *args: Any) -> None:
+        if self.compiled is None:
+            from numba import njit
+
+            self.compiled = njit(cache=True, nogil=True)(self.fn)
+        self.compiled(*args)
 
 
 def _splitmix(x: np.ndarray) -> np.ndarray:
@@ -85,7 +102,7 @@ def signatures(ngrams: NgramHashes, num_perm: int, seed: int, threads: int | Non
     return out
 
 
-@njit(cache=True, nogil=True)
+@_Kernel
 def _oph(hashes: np.ndarray, off: np.ndarray, m_bin: np.uint64, m_val: np.uint64, order: np.ndarray,
          out: np.ndarray, lo: int, hi: int) -> None:  # pragma: no cover - compiled; tested against a reference
     k = out.shape[1]
@@ -134,7 +151,7 @@ def band_keys(sig: np.ndarray, bands: int, rows: int) -> np.ndarray:
     return keys
 
 
-@njit(cache=True, nogil=True)
+@_Kernel
 def _band_keys(sig: np.ndarray, rows: int, keys: np.ndarray) -> None:  # pragma: no cover - compiled
     n, bands = keys.shape
     for d in range(n):
@@ -160,15 +177,7 @@ def lsh_components(keys: np.ndarray, valid: np.ndarray) -> np.ndarray:
     return labels
 
 
-@njit(cache=True, nogil=True)
-def _find(parent: np.ndarray, x: int) -> int:  # pragma: no cover - compiled
-    while parent[x] != x:
-        parent[x] = parent[parent[x]]
-        x = parent[x]
-    return x
-
-
-@njit(cache=True, nogil=True)
+@_Kernel
 def _components(keys: np.ndarray, valid: np.ndarray, bits: int, labels: np.ndarray) -> None:  # pragma: no cover
     n, bands = keys.shape
     parent = np.arange(n)
@@ -188,13 +197,21 @@ def _components(keys: np.ndarray, valid: np.ndarray, bits: int, labels: np.ndarr
             if slot_doc[slot] == -1:
                 slot_doc[slot], slot_key[slot] = d, key
             else:
-                ra, rb = _find(parent, d), _find(parent, slot_doc[slot])
+                ra, rb = d, slot_doc[slot]
+                while parent[ra] != ra:
+                    parent[ra] = parent[parent[ra]]
+                    ra = parent[ra]
+                while parent[rb] != rb:
+                    parent[rb] = parent[parent[rb]]
+                    rb = parent[rb]
                 if ra != rb:  # the root is the smallest document, whatever the order of unions
                     parent[max(ra, rb)] = min(ra, rb)
     label = np.full(n, -1, dtype=np.int64)
     nxt = 0
     for d in range(n):
-        r = _find(parent, d)
+        r = d
+        while parent[r] != r:
+            r = parent[r]
         if label[r] == -1:
             label[r] = nxt
             nxt += 1
