@@ -4,14 +4,13 @@ The corpus is one that exists on any machine: this Python's standard library inc
 (every ``*.py`` file). In the same run the benchmark measures:
 
 1. each per-file step over the corpus, chunk by chunk, as the stage runs it (MB/s and files/s);
-2. near-dedup: codemill's vectorised MinHash + LSH against ``datasketch`` MinHash + MinHashLSH with the same
-   parameters (5-gram token shingles, 256 permutations, Jaccard 0.7) on the same files, and the precision
-   and recall of both against exact Jaccard on a sample of candidate pairs;
+2. near-dedup (``benchmarks.near_dedup``): codemill against rensa and datasketch on the same shingle hashes,
+   permutations and bands, timed apart, with recall and precision against exact all-pairs Jaccard;
 3. the whole stage (``run_ingest``, fresh chunk cache) against a plain-Python baseline that walks, reads and
    SHA-256-hashes the same files;
 4. the stage's peak RSS on the corpus and on 4 copies of it (four sources), each in a fresh process.
 
-    pip install datasketch && python -m benchmarks.ingest [--dedup-files 4000] [--skip-scale]
+    python -m benchmarks.ingest [--dedup-files 4000] [--skip-scale]
 """
 
 from __future__ import annotations
@@ -20,8 +19,6 @@ import argparse
 import hashlib
 import json
 import os
-import random
-import re
 import resource
 import subprocess
 import sys
@@ -31,17 +28,16 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from benchmarks.near_dedup import compare
 from codemill.config import IngestConfig, SourceConfig
 from codemill.data.decontaminate import contamination_of
 from codemill.data.dedup import normalized_hash, resolve_duplicates
 from codemill.data.filters import apply_filters, language_expr
 from codemill.data.ingest import prepare
-from codemill.data.minhash import band_keys, lsh_components, signatures
+from codemill.data.minhash import band_keys, signatures
 from codemill.data.redact import redact_column
-from codemill.data.shingles import ngram_hashes, ngrams_from_tokens, token_hashes
+from codemill.data.shingles import ngrams_from_tokens, token_hashes
 from codemill.data.sources import plan_chunks, read_chunk, stdlib_root
-
-TOKEN_RE = re.compile(r"[A-Za-z0-9_]+")
 
 
 def corpus_source(repo: str | None = None) -> SourceConfig:
@@ -97,87 +93,6 @@ def per_step(cfg: IngestConfig) -> tuple[dict[str, float], int, int, list[str]]:
     return t, n_bytes, n_files, kept_texts
 
 
-def shingle_set(text: str, n: int = 5) -> set[str]:
-    toks = TOKEN_RE.findall(text)
-    return {" ".join(toks[i:i + n]) for i in range(len(toks) - n + 1)}
-
-
-def codemill_clusters(texts: list[str], cfg: IngestConfig) -> tuple[np.ndarray, np.ndarray, float]:
-    """Timed: what the stage does (shingles, signatures, bands, connected components). Returns band keys."""
-    proc = prepare(cfg)
-    t0 = time.perf_counter()
-    ng = ngram_hashes(pl.Series(texts, dtype=pl.String), 5)
-    keys = band_keys(signatures(ng, 256, cfg.near_dedup.seed), proc.bands, proc.rows)
-    valid = ng.tokens_per_doc >= 5
-    lsh_components(keys, valid)
-    return keys, valid, time.perf_counter() - t0
-
-
-def candidate_pairs(keys: np.ndarray, valid_mask: np.ndarray) -> set[tuple[int, int]]:
-    """Untimed: every pair sharing a band bucket, for the precision/recall check."""
-    valid = np.flatnonzero(valid_mask)
-    pairs: set[tuple[int, int]] = set()
-    for j in range(keys.shape[1]):
-        col = keys[valid, j]
-        order = np.argsort(col, kind="stable")
-        ks = col[order]
-        bounds = np.flatnonzero(np.r_[True, ks[1:] != ks[:-1], True])
-        multi = np.flatnonzero(np.diff(bounds) > 1)  # only buckets with more than one file
-        for a, b in zip(bounds[multi], bounds[multi + 1], strict=True):
-            members = sorted(valid[order[a:b]].tolist())
-            pairs.update((x, y) for i, x in enumerate(members) for y in members[i + 1:])
-    return pairs
-
-
-def datasketch_pairs(texts: list[str]) -> tuple[set[tuple[int, int]], float]:
-    """Timed: datasketch MinHash + MinHashLSH, queries, and union-find into clusters (what dedup needs)."""
-    from datasketch import MinHash, MinHashLSH
-
-    t0 = time.perf_counter()
-    lsh = MinHashLSH(threshold=0.7, num_perm=256)
-    sigs = {}
-    for i, text in enumerate(texts):
-        sh = shingle_set(text)
-        if not sh:
-            continue
-        m = MinHash(num_perm=256, seed=1)
-        m.update_batch([s.encode() for s in sh])
-        lsh.insert(i, m)
-        sigs[i] = m
-    pairs = {(min(i, j), max(i, j)) for i, m in sigs.items() for j in lsh.query(m) if j != i}
-    parent = list(range(len(texts)))
-
-    def find(x: int) -> int:
-        while parent[x] != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
-
-    for x, y in pairs:
-        parent[find(y)] = find(x)
-    return pairs, time.perf_counter() - t0
-
-
-def agreement(texts: list[str], a: set, b: set, threshold: float, sample: int) -> dict[str, float]:
-    pool = sorted(a | b)
-    random.Random(0).shuffle(pool)
-    pool = pool[:sample]
-    sets: dict[int, set[str]] = {}
-
-    def s(i: int) -> set[str]:
-        if i not in sets:
-            sets[i] = shingle_set(texts[i])
-        return sets[i]
-
-    true = {p for p in pool if len(s(p[0]) & s(p[1])) / max(1, len(s(p[0]) | s(p[1]))) >= threshold}
-    out = {"pairs_checked": len(pool), "true_pairs": len(true)}
-    for name, found in (("codemill", a), ("datasketch", b)):
-        mine = [p for p in pool if p in found]
-        out[f"{name}_precision"] = sum(p in true for p in mine) / max(1, len(mine))
-        out[f"{name}_recall"] = sum(p in found for p in true) / max(1, len(true))
-    return out
-
-
 def read_and_hash(cfg: IngestConfig) -> tuple[float, int]:
     root = Path(stdlib_root())
     t0 = time.perf_counter()
@@ -222,37 +137,18 @@ def stage_in_child(copies: int) -> dict:
 
 
 def compare_dedup(texts: list[str], cfg: IngestConfig, args: argparse.Namespace) -> None:
-    uniq = list(dict.fromkeys(t for t in texts if t))  # exact duplicates are gone before near-dedup
-    sample = uniq[:args.dedup_files]
-    smb = sum(len(t.encode()) for t in sample) / 1e6
-    # best of N for both, interleaved, so a burst of load on a shared machine does not decide the ratio
-    t_ours = t_theirs = float("inf")
-    for _ in range(args.repeats):
-        keys, valid, t = codemill_clusters(sample, cfg)
-        t_ours = min(t_ours, t)
-        theirs, t = datasketch_pairs(sample)
-        t_theirs = min(t_theirs, t)
-    ours = candidate_pairs(keys, valid)
-    agree = agreement(sample, ours, theirs, 0.7, args.pairs_sample)
-    print(f"near-dedup on {len(sample)} files ({smb:.1f} MB), 5-gram shingles, 256 permutations, threshold 0.7, "
-          f"best of {args.repeats}")
-    print(f"  codemill   {t_ours:7.2f} s  {smb / t_ours:6.2f} MB/s  {len(ours)} candidate pairs")
-    print(f"  datasketch {t_theirs:7.2f} s  {smb / t_theirs:6.2f} MB/s  {len(theirs)} candidate pairs")
-    print(f"  codemill / datasketch throughput: {t_theirs / t_ours:.1f}x")
-    print(f"  exact Jaccard on {agree['pairs_checked']} sampled candidate pairs ({agree['true_pairs']} >= 0.7):")
-    for name in ("codemill", "datasketch"):
-        print(f"    {name:<11} precision {agree[f'{name}_precision']:.3f}  recall {agree[f'{name}_recall']:.3f}")
+    """The near-dedup comparison of ``benchmarks.near_dedup`` on the first distinct texts the stage kept."""
+    compare(list(dict.fromkeys(t for t in texts if t))[:args.dedup_files], cfg, args.repeats, args.quality_seeds)
     print()
-
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--dedup-files", type=int, default=4000, help="files in the datasketch comparison")
-    ap.add_argument("--pairs-sample", type=int, default=3000)
+    ap.add_argument("--quality-seeds", type=int, default=5, help="near-dedup recall/precision over this many seeds")
     ap.add_argument("--repeats", type=int, default=3, help="near-dedup timings: best of this many, interleaved")
     ap.add_argument("--skip-scale", action="store_true", help="skip the 4x-corpus memory run")
-    ap.add_argument("--only-dedup", action="store_true", help="only the datasketch comparison")
+    ap.add_argument("--only-dedup", action="store_true", help="only the near-dedup comparison")
     args = ap.parse_args()
     cfg = corpus_config()
     if args.only_dedup:
