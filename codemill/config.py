@@ -166,6 +166,10 @@ class IngestConfig(StageConfig):
     chunk_files: int = runtime_only(default=256, ge=1, description="Mean files per unit of work (chunks are "
                                                                    "cut at path-hash boundaries, so one "
                                                                    "changed file re-does only its chunk).")
+    workers: int | None = runtime_only(default=None, ge=1, description="Chunks processed at once (threads: the "
+                                                                       "work is in Rust and numpy, off the "
+                                                                       "GIL); empty = the CPUs this process "
+                                                                       "may use. Same output for any count.")
 
 
 class TokenizeConfig(StageConfig):

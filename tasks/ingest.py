@@ -134,8 +134,9 @@ def ingest_task(plan: StagePlan, ctx: RunContext, cfg: IngestConfig, sources: li
     cache = StoreChunkCache(ctx.store_root, str(store.cache_dir))
 
     def produce(w: ArtifactWriter, run_id: str) -> Manifest:
+        # on Ray, chunks fan out as Prefect tasks; otherwise run_ingest's own threads use this machine's CPUs
         stats = run_ingest(cfg, w.dir, cache=cache, progress=lambda msg: progress.sink().stage(STAGE, msg),
-                           mapper=fanout.mapper)
+                           mapper=fanout.mapper if fanout.on_ray() else None)
         stats["source_fingerprints"] = sources
         stats["source_key"] = source_key(sources)
         stats["changes"] = changes_since_previous(store, stats["source_key"], w.ref, w)

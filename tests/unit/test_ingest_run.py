@@ -171,3 +171,26 @@ def test_a_link_inside_the_root_is_read_and_its_content_enters_the_corpus_once(t
     assert rows.filter(pl.col("content") == module(0))["path"].to_list() == ["alias.py"]
     assert rows.filter(pl.col("content") == module(77))["path"].to_list() == ["pkg1/via_link.py"]
     assert not rows["content"].str.contains("m88_f").any()
+
+
+def test_output_is_the_same_for_any_worker_count(tmp_path):
+    """Chunks run on threads by default; the shards (by hash), the ledger and the stats do not depend on how
+    many, and a chunk that fails fails the run with its own error."""
+    folder = _write_folder(tmp_path / "repo", n=40)
+    (folder / "pkg2" / "keys.py").write_text(module(50) + 'OWNER = "a.b@corp.io"\n')
+
+    def run(name, workers):
+        cfg = IngestConfig(sources=[SourceConfig(path=str(folder))], chunk_files=4, shard_max_rows=7,
+                           workers=workers)
+        st = run_ingest(cfg, tmp_path / name)
+        return st, _frame(tmp_path / name, "files.parquet")
+
+    (one, ledger1), (three, ledger3) = run("one", 1), run("three", 3)
+    assert one["chunks"]["total"] > 3 and one == three
+    assert ledger1.equals(ledger3)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "x = 1"}\n')
+    cfg = IngestConfig(sources=[SourceConfig(path=str(folder)), SourceConfig(kind="jsonl", path=str(bad))],
+                       chunk_files=4, workers=3)
+    with pytest.raises(SourceError, match="no field 'content'"):
+        run_ingest(cfg, tmp_path / "bad")
