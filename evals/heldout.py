@@ -42,11 +42,12 @@ class PassRateComparison:
 
 
 def per_problem_rates(rows: Iterable[dict]) -> dict[str, tuple[float, int]]:
-    """problem id -> (pass rate over its samples, sample count), from rollout rows with ``reward``."""
+    """problem id -> (pass rate over its samples, sample count), from rollout rows (``outcome`` passed: every
+    test passed, whatever the training reward was)."""
     sums: dict[str, float] = defaultdict(float)
     counts: dict[str, int] = defaultdict(int)
     for r in rows:
-        sums[r["problem_id"]] += float(r["reward"] >= 1.0)
+        sums[r["problem_id"]] += float(r["outcome"] == "passed")
         counts[r["problem_id"]] += 1
     return {p: (sums[p] / counts[p], counts[p]) for p in sums}
 
@@ -55,7 +56,7 @@ def pass_rate(rows: Iterable[dict], confidence: float = 0.95) -> PassRate:
     rows = list(rows)
     if not rows:
         raise ValueError("no samples to compute a pass rate from")
-    passed = np.array([float(r["reward"] >= 1.0) for r in rows])
+    passed = np.array([float(r["outcome"] == "passed") for r in rows])
     clusters = np.unique([r["problem_id"] for r in rows], return_inverse=True)[1]
     est, se, g = ratio_estimate_se(passed, clusters=clusters)
     z = normal_quantile(0.5 + confidence / 2)

@@ -34,43 +34,56 @@ def iteration_problems(problem_ids: Sequence[str], per_iteration: int, seed: int
     return order[part * per:(part + 1) * per]
 
 
-def passing_texts(rows: Iterable[dict]) -> list[str]:
-    """Rejection sampling's training texts: prompt + completion of every passing sample, one per distinct
-    completion of a problem (duplicates would weigh the easiest problems most), in row order."""
-    seen: set[tuple[str, str]] = set()
+def passing_documents(rows: Iterable[dict], eos_ids: set[int]) -> list[list[int]]:
+    """Rejection sampling's training documents: prompt ids + completion ids of every passing sample, exactly as
+    sampled (re-encoding the text could merge tokens across the prompt boundary into ids the policy never
+    produces), without a trailing EOS (packing adds one). One per distinct completion of a problem: duplicates
+    would weigh the easiest problems most."""
+    seen: set[tuple[str, tuple[int, ...]]] = set()
     out = []
     for r in rows:
-        key = (r["problem_id"], r["completion"])
-        if r["reward"] >= 1.0 and key not in seen:
+        completion = list(r["completion_ids"])
+        while completion and completion[-1] in eos_ids:
+            completion.pop()
+        key = (r["problem_id"], tuple(completion))
+        if r["outcome"] == "passed" and key not in seen:
             seen.add(key)
-            out.append(r["prompt"] + r["completion"])
+            out.append(list(r["prompt_ids"]) + completion)
     return out
 
 
-def write_sft_tokens(texts: Sequence[str], tokenizer, seq_len: int, out_dir: Path, seed: int) -> dict:
-    """Pack ``texts`` (each ended by EOS, in a seeded order) into the trainer's token shards under
+def solution_documents(pairs: Iterable[tuple[str, str]], tokenizer) -> list[list[int]]:
+    """(prompt, solution) pairs as documents whose two parts are encoded apart, the way a rollout sees them:
+    the prompt as the engine encodes it, then the solution's own tokens."""
+    pairs = list(pairs)
+    prompts = tokenizer([p for p, _ in pairs], add_special_tokens=False)["input_ids"]
+    solutions = tokenizer([s for _, s in pairs], add_special_tokens=False)["input_ids"]
+    return [list(p) + list(s) for p, s in zip(prompts, solutions, strict=True)]
+
+
+def write_sft_tokens(docs: Sequence[Sequence[int]], tokenizer, seq_len: int, out_dir: Path, seed: int) -> dict:
+    """Pack token documents (each ended by EOS, in a seeded order) into the trainer's token shards under
     ``out_dir/train``. The last partial row is filled with EOS tokens (each its own one-token document, so
     no real document sees them) rather than dropped: a small fine-tune set may not fill one row."""
-    if not texts:
-        raise ValueError("no texts to fine-tune on")
+    if not docs:
+        raise ValueError("no documents to fine-tune on")
     eos = tokenizer.eos_token_id
-    order = list(range(len(texts)))
+    order = list(range(len(docs)))
     random.Random(seed).shuffle(order)
-    ids = tokenizer([texts[i] for i in order], add_special_tokens=False)["input_ids"]
     vocab = len(tokenizer)
     writer = TokenShardWriter(out_dir / "train", seq_len, token_dtype(vocab), rows_per_shard=4096)
     packer = Packer(eos, seq_len)
     tokens = 0
-    for doc in ids:
-        tokens += len(doc) + 1
-        for row, pos in packer.add(list(doc)):
+    for i in order:
+        tokens += len(docs[i]) + 1
+        for row, pos in packer.add(list(docs[i])):
             writer.add(row, pos)
     if packer.leftover:
         filler = seq_len - packer.leftover
-        row = np.asarray(packer.buf + [eos] * filler, dtype=np.int64)
-        starts = np.asarray(packer.starts + [True] * filler, dtype=bool)
+        row = np.concatenate([np.asarray(packer.buf, dtype=np.int64), np.full(filler, eos, dtype=np.int64)])
+        starts = np.concatenate([np.asarray(packer.starts, dtype=bool), np.ones(filler, dtype=bool)])
         writer.add(row, positions_from_starts(starts[None])[0])
     writer.flush()
-    return {"documents": len(texts), "tokens": tokens, "rows": sum(s["rows"] for s in writer.shards),
+    return {"documents": len(docs), "tokens": tokens, "rows": sum(s["rows"] for s in writer.shards),
             "seq_len": seq_len, "vocab_size": vocab, "eos_id": eos,
             "pad_id": tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos}

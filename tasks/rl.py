@@ -30,7 +30,7 @@ from codemill.tasks.train import run_torchrun
 ROLLOUTS = "rollouts"
 POLICY = "policy"
 ROLLOUTS_CODE_VERSION = "rollouts-v1"
-POLICY_CODE_VERSION = "policy-v1"
+POLICY_CODE_VERSION = "policy-v2"
 ROLLOUTS_FILE = "rollouts.parquet"
 HELDOUT = "val"
 
@@ -241,31 +241,33 @@ def _finetune(plan: StagePlan, ctx: RunContext, cfg: RLConfig, train: TrainConfi
               w: ArtifactWriter, run_id: str, scratch: Path) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
-    from codemill.models.rl_data import passing_texts, write_sft_tokens
+    from codemill.evals.rollout import read_rollouts
+    from codemill.models.rl_data import passing_documents, solution_documents, write_sft_tokens
     from codemill.models.trainer import TrainSpec
 
     store = ctx.store()
     algorithm = plan.config["algorithm"]
     ft = cfg.rft if algorithm == "rft" else cfg.warm_start
+    tokenizer = AutoTokenizer.from_pretrained(policy_hf)
     if algorithm == "rft":
-        import pyarrow.parquet as pq
-
         data = plan.input("rollouts")
-        texts = passing_texts(pq.read_table(store.local_path(data) / ROLLOUTS_FILE).to_pylist())
+        rows = read_rollouts(store.local_path(data) / ROLLOUTS_FILE).to_pylist()
+        docs = passing_documents(rows, {tokenizer.eos_token_id})
     else:
         data = plan.input("problems")
-        texts = [p.prompt + p.reference_solution for p in _problems(store, data, "train") if p.reference_solution]
+        docs = solution_documents([(p.prompt, p.reference_solution) for p in _problems(store, data, "train")
+                                   if p.reference_solution], tokenizer)
     t0 = time.monotonic()
-    if not texts or ft.max_steps == 0:  # nothing passed: the policy goes on unchanged, and the manifest says so
+    if not docs or ft.max_steps == 0:  # nothing passed: the policy goes on unchanged, and the manifest says so
         shutil.copytree(policy_hf, w.dir / "hf")
-        return {"algorithm": algorithm, "documents": len(texts), "steps": 0, "unchanged": True, "update_s": 0.0}
-    tokenizer = AutoTokenizer.from_pretrained(policy_hf)
+        return {"algorithm": algorithm, "documents": len(docs), "steps": 0, "unchanged": True, "update_s": 0.0}
     tokenizer.save_pretrained(str(scratch / "tokenizer" / "hf"))
-    info = write_sft_tokens(texts, tokenizer, ft.seq_len, scratch / "tokens", seed=plan.config["train"]["seed"])
+    info = write_sft_tokens(docs, tokenizer, ft.seq_len, scratch / "tokens", seed=plan.config["train"]["seed"])
     tcfg = TrainConfig.model_validate({**train.model_dump(), **plan.config["train"], "init_from": policy_hf})
     tcfg = tcfg.model_copy(update={k: getattr(train, k) for k in ("timeout_s", "log_every", "keep_checkpoints")})
     spec = TrainSpec(train=tcfg, tokens_dir=str(scratch / "tokens" / "train"),
-                     tokenizer_dir=str(scratch / "tokenizer"), out_dir=str(w.dir), ckpt_dir=str(scratch / "checkpoints"),
+                     tokenizer_dir=str(scratch / "tokenizer"), out_dir=str(w.dir),
+                     ckpt_dir=str(scratch / "checkpoints"),
                      vocab_size=info["vocab_size"], eos_id=info["eos_id"], pad_id=info["pad_id"], seq_len=ft.seq_len,
                      dataset_name=data.stage, dataset_digest=data.digest)
     run_torchrun(spec, w.dir, tcfg, ctx, run_id, POLICY)
