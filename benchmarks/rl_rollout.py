@@ -1,0 +1,175 @@
+"""RL rollout throughput: ``collect_rollouts`` against bare generation and bare sandbox execution, with and without
+overlapping the judge with generation.
+
+All in one run, interleaved per repeat (machine-load drift hits every variant alike), median of ``--repeats``:
+
+* generation: the same prompts x k, the same batch of rows, the same sampling settings and stops, timed as
+  - ``hf generate``: ``evals.generate.generate`` (transformers ``model.generate`` with a KV cache, no log-probs),
+  - ``engine bare``: ``HFEngine.generate(logprobs=False)`` (the rollout engine's loop, no log-prob bookkeeping),
+  - ``engine``: ``HFEngine.generate`` (log-probs kept), and ``collect_rollouts``' own generation time;
+* rewards: ``JudgePool.judge_all`` on the very completions the rollouts made, in one call (bare sandbox
+  execution), against ``collect_rollouts``' judge time (per-batch ``rewards.score`` calls, retries, rows);
+* wall time of ``collect_rollouts`` with ``overlap=True`` vs ``overlap=False``.
+
+A warm-up collection runs first (the judge pool starts its second slot's servers on first use).
+
+The policy is a fresh untrained model of the tiny preset's shape unless ``--policy HF_DIR`` names one.
+
+    python -m benchmarks.rl_rollout [--problems 16] [--k 4] [--max-new-tokens 64] [--batch-problems 4]
+                                    [--workers N] [--repeats 3] [--policy HF_DIR] [--threads 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import subprocess
+import tempfile
+import time
+from importlib.metadata import version
+from pathlib import Path
+
+import torch
+
+from codemill.cpus import usable_cpus
+from codemill.evals.engines import HFEngine, RolloutParams, derive_seed
+from codemill.evals.generate import SamplingParams, generate
+from codemill.evals.humaneval import STOP_SEQUENCES
+from codemill.evals.rollout import collect_rollouts, prompt_seed
+from codemill.evals.sandbox import Limits
+from codemill.evals.sandbox.judge_pool import JudgePool
+from codemill.evals.synthetic import synthetic_problems
+
+
+def tiny_policy(root: Path) -> Path:
+    """An untrained model with the tiny preset's shape and a tokenizer trained on the synthetic problems."""
+    from codemill.config import load_preset
+    from codemill.data.tokenizer import save_tokenizer, train_bpe
+    from codemill.models.build import build_model
+    from codemill.models.trainer import write_export
+
+    problems = synthetic_problems(0, 200)
+    tok = train_bpe([p.prompt + (p.reference_solution or "") for p in problems], 1000, 2)
+    save_tokenizer(tok, root / "tok")
+    model = build_model(load_preset("tiny").train.model, tok.get_vocab_size(), 1024, 0, 1, seed=0)
+    write_export(model, root / "tok", root)
+    return root / "hf"
+
+
+def bwrap_version() -> str:
+    try:
+        return subprocess.run(["bwrap", "--version"], capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "bwrap ?"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--problems", type=int, default=16)
+    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--batch-problems", type=int, default=4)
+    ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--workers", type=int, default=usable_cpus(), help="judge pool slots")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--policy", type=Path, default=None, help="an HF folder (default: a fresh tiny model)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (0: torch's default); on a shared "
+                    "machine one thread avoids OpenMP spinning against other processes")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    tmp = tempfile.TemporaryDirectory()
+    policy = args.policy or tiny_policy(Path(tmp.name))
+    engine = HFEngine(policy, rows_per_forward=args.batch_problems * args.k)
+    problems = synthetic_problems(1, args.problems)
+    params = RolloutParams(temperature=args.temperature, max_new_tokens=args.max_new_tokens, stop=STOP_SEQUENCES)
+    bare_params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, stop=STOP_SEQUENCES)
+    limits = Limits(wall_s=3.0, cpu_s=3)
+    n = args.problems * args.k
+    bp = args.batch_problems
+    batches = [problems[i:i + bp] for i in range(0, len(problems), bp)]
+    times: dict[str, list[float]] = {}
+    tokens: dict[str, int] = {}
+
+    def record(name: str, seconds: float, toks: int) -> None:
+        times.setdefault(name, []).append(seconds)
+        tokens[name] = toks
+
+    with JudgePool(limits, workers=args.workers) as pool:
+        # Warm-up (not recorded): every judge slot's servers started, the model's first forward passes done.
+        collect_rollouts(engine, problems, args.k, params, pool, 999, batch_problems=bp)
+        for rep in range(args.repeats):
+            seed = 1000 + rep
+            t0 = time.perf_counter()
+            texts: list[str] = []
+            for b, batch in enumerate(batches):
+                prompts = [p.prompt for p in batch for _ in range(args.k)]
+                texts += generate(engine.model, engine.tokenizer, prompts, bare_params, batch_size=len(prompts),
+                                  max_context=engine.max_context, device=engine.device, seed=derive_seed(seed, b))
+            record("hf generate (no log-probs)", time.perf_counter() - t0,
+                   sum(len(engine.tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts))
+
+            for name, logprobs in (("engine bare (no log-probs)", False), ("engine (log-probs)", True)):
+                t0 = time.perf_counter()
+                toks = 0
+                for batch in batches:
+                    groups = [problems.index(p) for p in batch]
+                    out = engine.generate([p.prompt for p in batch], args.k, params,
+                                          [prompt_seed(seed, g) for g in groups], logprobs=logprobs)
+                    toks += sum(len(c.completion_ids) for cs in out for c in cs)
+                record(name, time.perf_counter() - t0, toks)
+
+            runs = {}
+            for overlap in (False, True):
+                rows, timing = collect_rollouts(engine, problems, args.k, params, pool, seed, batch_problems=bp,
+                                                overlap=overlap)
+                runs[overlap] = timing
+                record(f"collect_rollouts wall, overlap={overlap}", timing.wall_s, timing.tokens)
+            record("collect_rollouts generation", runs[False].generation_s, runs[False].tokens)
+            record("collect_rollouts judge (overlap=False)", runs[False].reward_s, runs[False].tokens)
+
+            by_id = {p.problem_id: p for p in problems}
+            t0 = time.perf_counter()
+            pool.judge_all([(by_id[r["problem_id"]], r["completion"]) for r in rows])
+            record("bare JudgePool.judge_all", time.perf_counter() - t0, 0)
+    tmp.cleanup()
+
+    med = {k: statistics.median(v) for k, v in times.items()}
+    print(f"RL rollouts: {args.problems} synthetic problems x k={args.k} = {n} samples, batches of {bp} problems "
+          f"({bp * args.k} rows), max_new_tokens={args.max_new_tokens}, T={args.temperature}, "
+          f"{args.workers} judge slots, median of {args.repeats}")
+    print(f"python {platform.python_version()}, torch {torch.__version__} ({torch.get_num_threads()} threads), "
+          f"transformers {version('transformers')}, {bwrap_version()}")
+    print(f"{'variant':<42} {'s':>8} {'samples/s':>10} {'tokens/s':>10}")
+    for name, s in med.items():
+        tok = f"{tokens[name] / s:>10.1f}" if tokens[name] else f"{'':>10}"
+        print(f"{name:<42} {s:>8.2f} {n / s:>10.1f} {tok}")
+
+    def tps(name: str) -> float:
+        return tokens[name] / med[name]
+
+    def sps(name: str) -> float:
+        return n / med[name]
+
+    gen = "collect_rollouts generation"
+    print("generation ratios (>1 = faster than the reference); samples/s: the same samples and settings, but "
+          "hf generate\n  runs every row on until all rows of a batch hold a stop (checked every 8 tokens), and its "
+          "tokens are\n  counted on the kept text; tokens/s: the engine variants generate the same tokens:")
+    print(f"  collect_rollouts generation / hf generate:  {sps(gen) / sps('hf generate (no log-probs)'):.2f}x "
+          "samples/s")
+    print(f"  collect_rollouts generation / engine bare:  {tps(gen) / tps('engine bare (no log-probs)'):.2f}x "
+          "tokens/s")
+    print(f"  engine (log-probs) / engine bare:           "
+          f"{tps('engine (log-probs)') / tps('engine bare (no log-probs)'):.2f}x tokens/s")
+    print("reward and wall ratios (>1 = faster):")
+    print(f"  collect_rollouts judge / bare judge_all:    "
+          f"{med['bare JudgePool.judge_all'] / med['collect_rollouts judge (overlap=False)']:.2f}x samples/s")
+    wall_on, wall_off = med["collect_rollouts wall, overlap=True"], med["collect_rollouts wall, overlap=False"]
+    print(f"  wall, overlap on / off:                     {wall_off / wall_on:.2f}x speed-up "
+          f"({wall_on:.2f} s vs {wall_off:.2f} s)")
+
+
+if __name__ == "__main__":
+    main()
