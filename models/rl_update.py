@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from codemill.config import GRPOConfig
 from codemill.models import parallel
@@ -91,6 +91,13 @@ class RLUpdateSpec(BaseModel):
     ckpt_dir: str = Field(description="Resumable DCP checkpoints of this update (scratch).")
     max_new_tokens: int | None = Field(None, gt=0, description="The rollout's max_new_tokens: Dr. GRPO's constant "
                                                                "normaliser; None = the longest completion.")
+
+    @model_validator(mode="after")
+    def _kl_needs_a_reference(self) -> RLUpdateSpec:
+        """Refused before torchrun starts, not by every rank after it."""
+        if self.grpo.kl_coef and self.reference_dir is None:
+            raise ValueError("grpo.kl_coef > 0 needs a reference_dir (the frozen KL reference)")
+        return self
 
 
 @dataclass(frozen=True)
@@ -238,8 +245,6 @@ class GRPOUpdate:
     def __init__(self, spec: RLUpdateSpec) -> None:
         self.spec, self.cfg = spec, spec.grpo
         cfg = self.cfg
-        if cfg.kl_coef and spec.reference_dir is None:
-            raise ValueError("grpo.kl_coef > 0 needs a reference_dir (the frozen KL reference)")
         self.started = time.perf_counter()
         self.d = d = parallel.setup(cfg.device)
         if cfg.device != "cuda" and d.device.type == "cpu":

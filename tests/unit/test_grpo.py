@@ -218,3 +218,12 @@ def test_kl_term_enters_the_loss_with_its_coefficient():
     assert off.kl_ref is not None and off.kl_ref[0].tolist() == pytest.approx([k3, 0.0], abs=1e-7)
     assert off.loss.abs().sum().item() == 0.0  # A = 0 and no KL weight
     assert on.loss[0].tolist() == pytest.approx([0.1 * k3, 0.0], abs=1e-7)
+
+
+def test_entropy_bonus_enters_the_loss_only_with_its_coefficient():
+    logp = torch.log(torch.tensor([[0.5, 0.25]]))
+    ent = torch.tensor([[1.0, 2.0]])
+    kw = dict(clip_low=0.2, clip_high=0.28, entropy=ent)
+    assert token_terms(logp, logp, torch.tensor([0.0]), **kw).loss.abs().sum().item() == 0.0
+    on = token_terms(logp, logp, torch.tensor([0.0]), entropy_coef=0.01, **kw)
+    assert on.loss[0].tolist() == pytest.approx([-0.01, -0.02])

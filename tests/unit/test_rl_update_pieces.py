@@ -105,3 +105,10 @@ def test_write_policy_replaces_leftovers_and_commits_by_rename(tmp_path):
     assert json.loads((out / SUMMARY).read_text())["metrics"]["steps"] == 1
     assert (out / "tokenizer.json").read_text() == '{"v": 2}'
     assert not list(Path(tmp_path).glob(".staging-*"))
+
+
+def test_a_kl_weight_without_a_reference_is_refused_up_front():
+    with pytest.raises(ValueError, match="kl_coef > 0 needs a reference_dir"):
+        RLUpdateSpec(grpo=GRPOConfig(kl_coef=0.1), policy_dir="p", rollouts_path="r", out_dir="o", ckpt_dir="c")
+    RLUpdateSpec(grpo=GRPOConfig(kl_coef=0.1), policy_dir="p", reference_dir="p", rollouts_path="r", out_dir="o",
+                 ckpt_dir="c")
