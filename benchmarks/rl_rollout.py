@@ -13,10 +13,12 @@ All in one run, interleaved per repeat (machine-load drift hits every variant al
 
 A warm-up collection runs first (the judge pool starts its second slot's servers on first use).
 
-The policy is a fresh untrained model of the tiny preset's shape unless ``--policy HF_DIR`` names one.
+The policy is a fresh untrained model of the tiny preset's shape unless ``--policy HF_DIR`` names one. On a GPU
+machine with vLLM: ``--engine vllm --device cuda`` (the engine-bare rows stay transformers' own loop).
 
     python -m benchmarks.rl_rollout [--problems 16] [--k 4] [--max-new-tokens 64] [--batch-problems 4]
                                     [--workers N] [--repeats 3] [--policy HF_DIR] [--threads 1]
+                                    [--engine hf|vllm] [--device cpu|cuda]
 """
 
 from __future__ import annotations
@@ -33,7 +35,14 @@ from pathlib import Path
 import torch
 
 from codemill.cpus import usable_cpus
-from codemill.evals.engines import HFEngine, RolloutParams, derive_seed
+from codemill.evals.engines import (
+    HFEngine,
+    RolloutEngine,
+    RolloutParams,
+    VLLMEngine,
+    derive_seed,
+    teacher_forced_logprobs,
+)
 from codemill.evals.generate import SamplingParams, generate
 from codemill.evals.humaneval import STOP_SEQUENCES
 from codemill.evals.rollout import collect_rollouts, prompt_seed
@@ -74,6 +83,10 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=usable_cpus(), help="judge pool slots")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--policy", type=Path, default=None, help="an HF folder (default: a fresh tiny model)")
+    ap.add_argument("--engine", choices=("hf", "vllm"), default="hf",
+                    help="vllm: the rollouts on VLLMEngine (a GPU machine with vLLM installed); the references stay on "
+                    "transformers on the same device, and the log-prob gap to the fp32 recompute is printed")
+    ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (0: torch's default); on a shared "
                     "machine one thread avoids OpenMP spinning against other processes")
     args = ap.parse_args()
@@ -82,7 +95,8 @@ def main() -> None:
 
     tmp = tempfile.TemporaryDirectory()
     policy = args.policy or tiny_policy(Path(tmp.name))
-    engine = HFEngine(policy, rows_per_forward=args.batch_problems * args.k)
+    hf = HFEngine(policy, rows_per_forward=args.batch_problems * args.k, device=args.device)
+    engine: RolloutEngine = hf if args.engine == "hf" else VLLMEngine(policy, dtype="float32")
     problems = synthetic_problems(1, args.problems)
     params = RolloutParams(temperature=args.temperature, max_new_tokens=args.max_new_tokens, stop=STOP_SEQUENCES)
     bare_params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, stop=STOP_SEQUENCES)
@@ -106,18 +120,18 @@ def main() -> None:
             texts: list[str] = []
             for b, batch in enumerate(batches):
                 prompts = [p.prompt for p in batch for _ in range(args.k)]
-                texts += generate(engine.model, engine.tokenizer, prompts, bare_params, batch_size=len(prompts),
-                                  max_context=engine.max_context, device=engine.device, seed=derive_seed(seed, b))
+                texts += generate(hf.model, hf.tokenizer, prompts, bare_params, batch_size=len(prompts),
+                                  max_context=hf.max_context, device=hf.device, seed=derive_seed(seed, b))
             record("hf generate (no log-probs)", time.perf_counter() - t0,
-                   sum(len(engine.tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts))
+                   sum(len(hf.tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts))
 
             for name, logprobs in (("engine bare (no log-probs)", False), ("engine (log-probs)", True)):
                 t0 = time.perf_counter()
                 toks = 0
                 for batch in batches:
                     groups = [problems.index(p) for p in batch]
-                    out = engine.generate([p.prompt for p in batch], args.k, params,
-                                          [prompt_seed(seed, g) for g in groups], logprobs=logprobs)
+                    out = hf.generate([p.prompt for p in batch], args.k, params,
+                                      [prompt_seed(seed, g) for g in groups], logprobs=logprobs)
                     toks += sum(len(c.completion_ids) for cs in out for c in cs)
                 record(name, time.perf_counter() - t0, toks)
 
@@ -134,6 +148,9 @@ def main() -> None:
             t0 = time.perf_counter()
             pool.judge_all([(by_id[r["problem_id"]], r["completion"]) for r in rows])
             record("bare JudgePool.judge_all", time.perf_counter() - t0, 0)
+    gap = max(abs(a - b) for r in rows for a, b in zip(
+        teacher_forced_logprobs(hf.model, r["prompt_ids"], r["completion_ids"], args.temperature), r["logprobs"],
+        strict=True))
     tmp.cleanup()
 
     med = {k: statistics.median(v) for k, v in times.items()}
@@ -142,6 +159,7 @@ def main() -> None:
           f"{args.workers} judge slots, median of {args.repeats}")
     print(f"python {platform.python_version()}, torch {torch.__version__} ({torch.get_num_threads()} threads), "
           f"transformers {version('transformers')}, {bwrap_version()}")
+    print(f"rollout engine: {args.engine} on {args.device}; max |log-prob - fp32 teacher-forced recompute| = {gap:.2e}")
     print(f"{'variant':<42} {'s':>8} {'samples/s':>10} {'tokens/s':>10}")
     for name, s in med.items():
         tok = f"{tokens[name] / s:>10.1f}" if tokens[name] else f"{'':>10}"

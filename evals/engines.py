@@ -282,9 +282,9 @@ class VLLMWorkerExtension:
 class VLLMEngine:
     """vLLM behind the same interface (optional: ``pip install vllm`` on a GPU machine).
 
-    One request per prompt with ``SamplingParams(n=k, seed=prompt seed, logprobs=0)``: vLLM seeds each request's
-    generator, so a prompt's k samples do not depend on the rest of the batch (the same idea as ``HFEngine``;
-    the two engines do not draw the same samples).
+    One request per sample with ``SamplingParams(n=1, seed=sample_seed(prompt seed, j), logprobs=0)``: vLLM seeds
+    each request's generator, so a sample does not depend on the rest of the batch (the same idea as ``HFEngine``;
+    the two engines do not draw the same samples); the prefix cache computes each prompt once.
 
     Log-probs: vLLM returns by default *raw* log-probs (``log_softmax`` of the logits before temperature).
     ``logprobs_mode="processed_logprobs"`` returns them after temperature **and** after top-k/top-p (renormalised
@@ -321,25 +321,25 @@ class VLLMEngine:
 
     def generate(self, prompts: Sequence[str], k: int, params: RolloutParams,
                  seeds: Sequence[int]) -> list[list[Completion]]:
-        sp = [self._vllm.SamplingParams(n=k, seed=int(s) % (2**31), temperature=params.temperature,
-                                        top_p=params.top_p, max_tokens=params.max_new_tokens, stop=list(params.stop),
-                                        logprobs=0, include_stop_str_in_output=False)
-              for s in seeds]
-        outputs = self.llm.generate(list(prompts), sampling_params=sp, use_tqdm=False)
-        result = []
-        for req in outputs:
+        # One request per sample, each with its own seed (as HFEngine's rows); the prefix cache shares the prompt.
+        requests = [(i, j) for i in range(len(prompts)) for j in range(k)]
+        sp = [self._vllm.SamplingParams(n=1, seed=sample_seed(int(seeds[i]), j) % (2**31),
+                                        temperature=params.temperature, top_p=params.top_p,
+                                        max_tokens=params.max_new_tokens, stop=list(params.stop), logprobs=0,
+                                        include_stop_str_in_output=False)
+              for i, j in requests]
+        outputs = self.llm.generate([prompts[i] for i, _ in requests], sampling_params=sp, use_tqdm=False)
+        result: list[list[Completion]] = [[] for _ in prompts]
+        for (i, _), req in zip(requests, outputs, strict=True):
             prompt_ids = list(req.prompt_token_ids)
-            group = []
-            for c in req.outputs:
-                ids = list(c.token_ids)
-                if params.top_p < 1.0:
-                    lps = teacher_forced_logprobs(self._recompute_model(), prompt_ids, ids, params.temperature)
-                else:
-                    lps = [float(step[tok].logprob) for step, tok in zip(c.logprobs, ids, strict=True)]
-                reason = "length" if c.finish_reason == "length" else ("stop" if c.stop_reason is not None
-                                                                       else "eos")
-                group.append(Completion(c.text, prompt_ids, ids, lps, reason))
-            result.append(group)
+            (c,) = req.outputs
+            ids = list(c.token_ids)
+            if params.top_p < 1.0:
+                lps = teacher_forced_logprobs(self._recompute_model(), prompt_ids, ids, params.temperature)
+            else:
+                lps = [float(step[tok].logprob) for step, tok in zip(c.logprobs, ids, strict=True)]
+            reason = "length" if c.finish_reason == "length" else ("stop" if c.stop_reason is not None else "eos")
+            result[i].append(Completion(c.text, prompt_ids, ids, lps, reason))
         return result
 
     def _recompute_model(self) -> Any:

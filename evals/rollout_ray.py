@@ -75,10 +75,12 @@ class RayRollouts:
 
     ``ray_address``: ``"local"`` starts a local cluster (``ray_init`` passes ``ray.init`` options such as
     ``num_cpus``); ``"auto"`` or ``"ray://host:10001"`` joins a running one. A cluster this object started is
-    shut down on ``close``; one that was already initialised is left running."""
+    shut down on ``close``; one that was already initialised is left running. ``gpus_per_worker`` reserves GPUs
+    for engines on CUDA (``engine_factory`` chooses the engine and its device)."""
 
     def __init__(self, policy_dir: str | Path, *, ray_address: str, workers: int = 2, limits: Limits | None = None,
-                 judge_workers: int = 1, cpus_per_worker: float = 1, torch_threads: int | None = None,
+                 judge_workers: int = 1, cpus_per_worker: float = 1, gpus_per_worker: float = 0,
+                 torch_threads: int | None = None,
                  engine_factory: EngineFactory = hf_engine, ray_init: dict[str, Any] | None = None,
                  max_restarts: int = 2) -> None:
         import ray
@@ -88,7 +90,7 @@ class RayRollouts:
         if self._owns_ray:
             ray.init(address=None if ray_address == LOCAL else ray_address, **(ray_init or {}))
         self.policy_dir = str(policy_dir)
-        actor = ray.remote(num_cpus=cpus_per_worker, max_restarts=max_restarts,
+        actor = ray.remote(num_cpus=cpus_per_worker, num_gpus=gpus_per_worker, max_restarts=max_restarts,
                            max_task_retries=max_restarts)(RolloutWorker)
         self.actors: list[Any] = [actor.remote(self.policy_dir, engine_factory, limits, judge_workers, torch_threads)
                        for _ in range(workers)]
@@ -149,6 +151,7 @@ def collect_rollouts_ray(ray_address: str, policy_dir: str | Path, problems: Seq
     ``workers`` Ray workers (default 2), each with ``judge_workers`` sandbox slots."""
     factory = partial(hf_engine, device=device, max_context=max_context)
     with RayRollouts(policy_dir, ray_address=ray_address, workers=workers or 2, limits=limits,
-                     judge_workers=judge_workers, engine_factory=factory, ray_init=ray_init) as fleet:
+                     judge_workers=judge_workers, engine_factory=factory, ray_init=ray_init,
+                     gpus_per_worker=1 if device == "cuda" else 0) as fleet:
         return fleet.collect(problems, k, params, seed, batch_problems=batch_problems, overlap=overlap,
                              reward_retries=reward_retries)

@@ -201,3 +201,14 @@ def test_rollouts_reader_says_what_is_wrong(tmp_path):
             read_rollouts(path)
     with pytest.raises(RolloutsSchemaError, match="not sorted"):
         write_rollouts([_row(1, 0), _row(0, 0)], tmp_path / "x.parquet")
+
+
+def test_the_vllm_engine_says_what_is_missing(policy):
+    import importlib.util
+
+    from codemill.evals.engines import VLLMEngine
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed here")
+    with pytest.raises(RuntimeError, match="pip install vllm"):
+        VLLMEngine(policy)
