@@ -143,6 +143,8 @@ def main() -> None:
                 record(f"collect_rollouts wall, overlap={overlap}", timing.wall_s, timing.tokens)
             record("collect_rollouts generation", runs[False].generation_s, runs[False].tokens)
             record("collect_rollouts judge (overlap=False)", runs[False].reward_s, runs[False].tokens)
+            for overlap in (False, True):
+                record(f"  waiting on the judge, overlap={overlap}", runs[overlap].reward_wait_s, 0)
 
             by_id = {p.problem_id: p for p in problems}
             t0 = time.perf_counter()

@@ -65,6 +65,7 @@ class RolloutTimings:
 
     generation_s: float = 0.0
     reward_s: float = 0.0
+    reward_wait_s: float = 0.0  # time generation stood still waiting for the judge (the part not overlapped)
     wall_s: float = 0.0
     overlap: bool = True
     samples: int = 0
@@ -89,6 +90,7 @@ class RolloutTimings:
         """Fold a worker's timings into these (the wall time is the caller's own)."""
         self.generation_s += other.generation_s
         self.reward_s += other.reward_s
+        self.reward_wait_s += other.reward_wait_s
         self.samples += other.samples
         self.tokens += other.tokens
         self.batches += other.batches
@@ -196,14 +198,18 @@ def collect_rollouts(engine: RolloutEngine, problems: Sequence[ExecProblem], k: 
                 raise RuntimeError(f"the engine returned {[len(cs) for cs in generated]} samples, not {k} per prompt")
             future = rewarder.submit(reward_batch, positions, generated)
             if not overlap:
+                t0 = time.monotonic()
                 future.result()  # judge this batch before generating the next
+                timings.reward_wait_s += time.monotonic() - t0
             pending.append(future)
             for f in pending:  # a judge that failed (the sandbox gone) stops the generation now, not at the end
                 if f.done() and f.exception() is not None:
                     f.result()
             if on_batch:
                 on_batch(b + 1, len(batches))
+        t0 = time.monotonic()
         rows = [row for f in pending for row in f.result()]
+        timings.reward_wait_s += time.monotonic() - t0
     timings.batches = len(batches)
     timings.wall_s = time.monotonic() - t_start
     rows.sort(key=lambda r: (r["group"], r["sample"]))

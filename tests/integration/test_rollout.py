@@ -136,6 +136,8 @@ def test_model_rollouts_overlapped_or_not_are_the_same(policy, pool, tmp_path, m
     assert len(rows_o) == 8 and {r["finish_reason"] for r in rows_o} <= {"stop", "eos", "length"}
     assert all(r["reward"] == 0.0 for r in rows_o)  # an untrained model solves nothing
     assert t_o.overlap and not t_s.overlap and t_o.tokens == t_s.tokens
+    # Without overlap generation waits for every judging; with it, only for what is left after the last batch.
+    assert t_s.reward_wait_s == pytest.approx(t_s.reward_s, abs=0.05) and t_o.reward_wait_s < t_o.reward_s
     write_rollouts(rows_o, tmp_path)
     assert read_rollouts(tmp_path).num_rows == 8
 
