@@ -31,9 +31,10 @@ import torch.nn.functional as F
 
 from codemill.config import GRPOConfig
 
-__all__ = ["GRPOConfig", "LossAgg", "MicroBatch", "TokenTerms", "aggregate", "collate", "dynamic_sampling_keep",
-           "entropy_from_logits", "group_advantages", "kl_k3", "overlong_keep", "sequence_logprobs",
-           "step_denominator", "token_terms", "zero_variance_groups"]
+__all__ = ["SUM_KEYS", "GRPOConfig", "LossAgg", "MicroBatch", "TokenTerms", "aggregate", "collate",
+           "dynamic_sampling_keep", "entropy_from_logits", "group_advantages", "kl_k3", "metrics_from_sums",
+           "overlong_keep", "ratio_extremes", "sequence_logprobs", "step_denominator", "token_sums", "token_terms",
+           "zero_variance_groups"]
 
 LossAgg = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 STD_EPS = 1e-6  # verl's epsilon (TRL uses 1e-4); only groups with non-zero std are divided
