@@ -174,7 +174,7 @@ def print_steps(clock: Clock, mb: float, n_files: int) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--dedup-files", type=int, default=4000, help="files in the near-dedup comparison")
-    ap.add_argument("--quality-seeds", type=int, default=5, help="near-dedup recall/precision over this many seeds")
+    ap.add_argument("--quality-seeds", type=int, default=10, help="near-dedup recall/precision over this many seeds")
     ap.add_argument("--repeats", type=int, default=3, help="near-dedup timings: best of this many, interleaved")
     ap.add_argument("--stage-repeats", type=int, default=2, help="whole stage and baseline: best of this many")
     ap.add_argument("--skip-scale", action="store_true", help="skip the 4x-corpus memory run")
