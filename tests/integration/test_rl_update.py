@@ -263,3 +263,14 @@ def test_one_rank_matches_two_ranks(policy, rollouts, ddp_run, tmp_path):
     b = load_file(str(tmp_path / "out" / "model.safetensors"))
     for name in a:
         torch.testing.assert_close(b[name], a[name], rtol=1e-4, atol=1e-5)
+
+    # its checkpoints belong to these rollouts: an update of other rollouts refuses to resume them
+    assert committed_steps(tmp_path / "ckpt") == [4]
+    shutil.copytree(tmp_path / "ckpt", tmp_path / "ckpt-other")  # (this process still holds the first one's lock)
+    other = _write_rollouts(policy, tmp_path / "other.parquet", [[1.0, 0.0, 0.0, 1.0]] * 4)
+    spec = spec.model_copy(update={"rollouts_path": str(other), "ckpt_dir": str(tmp_path / "ckpt-other")})
+    try:
+        with pytest.raises(RuntimeError, match="checkpoint of a different update"):
+            update(spec)
+    finally:
+        torch.use_deterministic_algorithms(deterministic)
