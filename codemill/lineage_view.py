@@ -60,7 +60,7 @@ def resolve(reader: LineageReader, store: ArtifactStore, ident: str) -> tuple[st
             return "artifact", tags[T.OUTPUT_DIGEST]
         raise LineageError(f"MLflow run {ident} is no codemill run (no codemill.model_id / output_digest tag)")
     m = resolve_artifact(store, ident)
-    if m.stage == "train":
+    if m.stage in ("train", "policy"):  # weights: the LoggedModel, with its scores
         model_id = reader.model_of_digest(m.digest)
         return ("model", model_id) if model_id else ("artifact", m.digest)
     if m.stage == "evaluate" and m.stats.get("model_id"):
@@ -93,7 +93,7 @@ def artifact_tree(reader: LineageReader, store: ArtifactStore, digest: str, expe
     seen = set() if seen is None else seen
     m = manifest_of(store, digest)
     if m is None:
-        return node(role or "artifact", f"{role or 'artifact'} {digest[:12]} (not in the store)", {"digest": digest})
+        return _outside_the_store(reader, digest, role)
     run = reader.stage_run(experiment_ids, m.stage, digest)
     attrs = {"stage": m.stage, "name": m.name, "digest": m.digest, "uri": m.uri, "code_version": m.code_version,
              "run_id": run.info.run_id if run else None}
@@ -104,8 +104,28 @@ def artifact_tree(reader: LineageReader, store: ArtifactStore, digest: str, expe
     if m.stage == "ingest":
         children = _sources(m, run)
     else:
-        children = [artifact_tree(reader, store, d, experiment_ids, seen, role=name) for name, d in m.inputs.items()]
+        problem_sources = {s.get("fingerprint"): s for s in m.stats.get("source_fingerprints") or []} \
+            if m.stage == "problems" else {}
+        children = [_problem_source(problem_sources[d]) if name.startswith("source.") and d in problem_sources
+                    else artifact_tree(reader, store, d, experiment_ids, seen, role=name)
+                    for name, d in m.inputs.items()]
     return node(role or m.stage, title, attrs, children)
+
+
+def _problem_source(s: dict[str, Any]) -> Node:
+    return node("source", str(s.get("root")), {k: s.get(k) for k in ("name", "kind", "root", "fingerprint")})
+
+
+def _outside_the_store(reader: LineageReader, digest: str, role: str | None) -> Node:
+    """An input that is no store artifact: weights known to MLflow (an HF folder RL or an evaluation started
+    from), else just its digest."""
+    model_id = reader.model_of_digest(digest)
+    if model_id is not None:
+        tags = reader.model(model_id).tags
+        where = tags.get(T.EXTERNAL_PATH) or tags.get(T.OUTPUT_URI)
+        return node(role or "model", f"{role or 'model'} {model_id} (weights outside the store: {where})",
+                    {"model_id": model_id, "digest": digest, "uri": where})
+    return node(role or "artifact", f"{role or 'artifact'} {digest[:12]} (not in the store)", {"digest": digest})
 
 
 def _metric_nodes(model) -> list[Node]:

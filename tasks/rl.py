@@ -125,8 +125,8 @@ def sample_and_judge(cfg: RLConfig, problems: list, policy_hf: str, seed: int, k
         from codemill.evals.rollout_ray import collect_rollouts_ray
 
         rows, timings = collect_rollouts_ray(ray_address, policy_hf, problems, k, params, limits, seed,
-                                             batch_problems=r.batch_problems, max_context=r.context_len,
-                                             device=_device(cfg), workers=r.workers)
+                                             batch_problems=r.batch_problems, overlap=r.overlap,
+                                             max_context=r.context_len, device=_device(cfg), workers=r.workers)
         return rows, {**timings.as_dict(), "weight_sync_s": 0.0}
     from codemill.evals.engines import HFEngine
     from codemill.evals.rollout import collect_rollouts

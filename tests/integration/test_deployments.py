@@ -53,7 +53,7 @@ def test_serve_registers_schedule_and_runs_a_triggered_deployment(small_corpus, 
         assert nightly.global_concurrency_limit is not None and nightly.global_concurrency_limit.limit == 1
         assert "config" in nightly.parameter_openapi_schema["properties"]
         for name in ("pipeline/pipeline", "pipeline/ingest", "pipeline/tokenize", "pipeline/train",
-                     "evaluate/evaluate"):
+                     "evaluate/evaluate", "problems/problems", "rl/rl"):
             _wait_for_deployment(name, proc, log)
 
         cfg = small_pipeline_config(small_corpus, tmp_path)
