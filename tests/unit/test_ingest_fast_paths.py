@@ -1,16 +1,22 @@
 """The ingest's fast paths give exactly what their plain definitions give: filter statistics read off the UTF-8
 bytes against the Polars expressions that define them, on text built to hit every edge (non-ASCII letters next
-to hex runs, non-ASCII spaces, multi-byte characters on long lines, empty lines, no final newline)."""
+to hex runs, non-ASCII spaces, multi-byte characters on long lines, empty lines, no final newline); the index
+lookup against ``np.isin``; redaction (pre-filtered, per-line e-mail search, rewritten IPv4 pattern) against
+every detector run over the whole text."""
 
 import random
+import re
 
 import numpy as np
 import polars as pl
 import pytest
 from polars.testing import assert_frame_equal
 
+from codemill.config import RedactionConfig
+from codemill.data import redact as R
 from codemill.data.decontaminate import _in_index
 from codemill.data.filters import fast_filter_stats, filter_stats, head_lines
+from codemill.data.redact import redact_column, redact_text
 
 EDGE_TEXTS = [
     "", "\n", "\n\n", "a", "a\n", "é", "é\n", "\r\n\r\n", "x = 1\r\ny = 2\r\n",
@@ -67,3 +73,47 @@ def test_index_lookup_equals_isin():
     got = _in_index(hashes, index)
     assert got.sum() > 700 and (got == np.isin(hashes, index)).all()
     assert not _in_index(np.empty(0, np.uint64), index).any()
+
+
+PLAIN_IPV4 = re.compile(r"(?<![\w.])(?:\d{1,3}\.){3}\d{1,3}(?![\w.]|\.\d)")  # the pattern IPV4 rewrites
+FRAGMENTS = [
+    "owner@corp.io", "a.b@mail.example.com", "dev@example.com", "@property", "user@host", "x@y.z.io.", "é@corp.io",
+    "host = 52.14.200.7", "version 1.2.3.4", "1.2.3.4.5", "server 10.0.0.1", "dns 8.8.8.8", "url 93.184.216.34",
+    "ip 2a00:1450:4001:82b::200e", "addr 2001:db8::1", "fe80::1", "host 1:2:3:4:5:6:7:8", "a::b", "::1",
+    "x[1::2]", "proxy ::ffff:2a00:1450", "peer 2a00:1450:4001::", "12:34:56", "١٢.٣.٤.٥",
+    "AKIA2OGYBAH6STMMNXNN", 'password = "Zk3#9qLm!x2Vb7Tp"', 'api_key: "abcdefgh"',
+]
+SEPARATORS = [" ", "\n", "", ",", ".", ":", "\r\n", "\t", "=", "(", "_", "a", "9"]
+
+
+def _redaction_texts(n: int, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    return ["".join(rng.choice(FRAGMENTS) + rng.choice(SEPARATORS) for _ in range(rng.randint(0, 12)))
+            for _ in range(n)]
+
+
+def _reference_redact(text, cfg):
+    """The plain definition: every detector over the whole text, in order, IPv4 with its lookbehind first."""
+    out, counts = redact_text(text, cfg, frozenset({"TOKENS", "SECRET"}))
+    out = R._sub(out, R.EMAIL, "EMAIL", counts, R._keep_email)
+    out = R._sub(out, PLAIN_IPV4, "IP_ADDRESS", counts, R._keep_ipv4)
+    out = R._sub(out, R.IPV6, "IP_ADDRESS", counts, R._keep_ipv6)
+    return out, dict(counts)
+
+
+def test_ipv4_pattern_matches_its_plain_form():
+    rng = random.Random(3)
+    texts = ["".join(rng.choice("0123456789..a_ \n:١") for _ in range(rng.randint(0, 60))) for _ in range(2000)]
+    texts += [t for t in _redaction_texts(200)]
+    for t in texts:
+        assert [m.span() for m in R.IPV4.finditer(t)] == [m.span() for m in PLAIN_IPV4.finditer(t)], t
+
+
+def test_redaction_equals_every_detector_over_the_whole_text():
+    cfg = RedactionConfig()
+    texts = _redaction_texts(600)
+    got, per_row = redact_column(pl.Series("content", texts, dtype=pl.String), cfg)
+    ref = [_reference_redact(t, cfg) for t in texts]
+    assert got.to_list() == [r[0] for r in ref]
+    assert per_row == [r[1] for r in ref]
+    assert sum(r[1].get("IP_ADDRESS", 0) for r in ref) > 50 and sum(r[1].get("EMAIL", 0) for r in ref) > 50
