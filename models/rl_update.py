@@ -27,7 +27,8 @@ Metrics (the done line and ``update_summary.json``; the same keys when skipped):
               tokens over all steps and epochs)
   time        update_s (this process), tokens_per_s (tokens of the steps this process ran / update_s),
               resumed_from (the step it resumed at, 0 for a fresh run)
-A step line carries step, steps, samples and the per-token, loss and optimiser values of that one step.
+A step line carries step, max_steps (as the trainer's, for the launcher's progress), samples and the per-token,
+loss and optimiser values of that one step.
 """
 
 from __future__ import annotations
@@ -400,9 +401,9 @@ class GRPOUpdate:
             sums, extremes = sums.cpu(), extremes.cpu()
         tok = metrics_from_sums(sums[:len(SUM_KEYS)].tolist())
         kl = tok["kl_ref"] if self.ref is not None else tok["kl_old"]
-        return {"step": step + 1, "steps": self.order.total_steps, "loss": float(sums[-2]), "pg_loss": float(sums[-1]),
-                "kl": kl, **tok, "ratio_min": float(-extremes[0]), "ratio_max": float(extremes[1]),
-                "grad_norm": grad_norm, "lr": lr, "samples": len(step_rows)}
+        return {"step": step + 1, "max_steps": self.order.total_steps, "loss": float(sums[-2]),
+                "pg_loss": float(sums[-1]), "kl": kl, **tok, "ratio_min": float(-extremes[0]),
+                "ratio_max": float(extremes[1]), "grad_norm": grad_norm, "lr": lr, "samples": len(step_rows)}
 
     def finish(self) -> dict[str, Any]:
         """Export the updated weights (rank 0 writes; the state dict gather is a collective) and the summary."""

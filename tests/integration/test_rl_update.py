@@ -165,6 +165,7 @@ def test_update_moves_logprobs_with_the_advantages(policy, rollouts, ddp_run):
     assert (m["samples"], m["samples_truncated"], m["samples_kept"]) == (24, 1, 15)
     assert m["steps"] == 3 * 2 and [e["step"] for e in events if e["event"] == "step"] == [1, 2, 3, 4, 5, 6]
     first = next(e for e in events if e["event"] == "step")
+    assert first["max_steps"] == 6  # the trainer's key: the launcher's progress reads it
     assert first["ratio_min"] == pytest.approx(1.0, abs=1e-4) and first["ratio_max"] == pytest.approx(1.0, abs=1e-4)
     assert first["kl_old"] == pytest.approx(0.0, abs=1e-6)
     for key in ["loss", "pg_loss", "kl", "entropy", "clip_frac_low", "clip_frac_high", "ratio_mean", "ratio_min",
