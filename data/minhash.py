@@ -53,7 +53,10 @@ class _Kernel:
         if self.compiled is None:
             from numba import njit
 
-            self.compiled = njit(cache=True, nogil=True)(self.fn)
+            try:
+                self.compiled = njit(cache=True, nogil=True)(self.fn)
+            except RuntimeError:  # no writable cache directory (a read-only install): compile in memory
+                self.compiled = njit(nogil=True)(self.fn)
         self.compiled(*args)
 
 
