@@ -59,6 +59,7 @@ class ChunkCache(Protocol):
 @dataclass(frozen=True)
 class DirChunkCache:
     root: str
+    compression: str = "zstd"  # the run's own throw-away cache uses lz4: written and read once, speed matters
 
     def _path(self, key: str) -> Path:
         return Path(self.root) / key[:2] / f"{key}.parquet"
@@ -71,7 +72,7 @@ class DirChunkCache:
         p = self._path(key)
         p.parent.mkdir(parents=True, exist_ok=True)
         tmp = p.with_name(f".{p.name}.{uuid.uuid4().hex}.tmp")  # unique across processes, unlike id()
-        df.write_parquet(tmp, compression="zstd")
+        df.write_parquet(tmp, compression=self.compression)  # type: ignore[arg-type]
         tmp.replace(p)  # atomic: a reader sees the whole chunk or none
 
 
@@ -166,7 +167,7 @@ def run_ingest(cfg: IngestConfig, out_dir: Path, cache: ChunkCache | None = None
     tmp = None
     if cache is None:
         tmp = tempfile.mkdtemp(prefix="codemill-chunks-")
-        cache = DirChunkCache(tmp)
+        cache = DirChunkCache(tmp, compression="lz4")
     try:
         return _run(cfg, out_dir, cache, say, mapper or thread_mapper(cfg.workers or usable_cpus()))
     finally:
