@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -135,10 +137,27 @@ def sample_and_judge(cfg: RLConfig, problems: list, policy_hf: str, seed: int, k
     t0 = time.monotonic()
     engine = HFEngine(policy_hf, device=_device(cfg), max_context=r.context_len)
     weight_sync_s = time.monotonic() - t0
-    with JudgePool(limits, workers=r.workers) as pool:
+    with JudgePool(limits, workers=r.workers) as pool, _cpu_threads_beside_judges(_device(cfg), r.overlap):
         rows, timings = collect_rollouts(engine, problems, k, params, pool, seed, batch_problems=r.batch_problems,
                                          overlap=r.overlap, on_batch=lambda i, n: say(f"batch {i}/{n}"))
     return rows, {**timings.as_dict(), "weight_sync_s": weight_sync_s}
+
+
+@contextmanager
+def _cpu_threads_beside_judges(device: str, overlap: bool) -> Iterator[None]:
+    """Generation on CPU leaves one core to the sandboxes it overlaps with: torch's threads spin while they
+    wait, and spinning threads that share cores with the judges made sampling several times slower."""
+    import torch
+
+    from codemill.cpus import usable_cpus
+
+    before = torch.get_num_threads()
+    if device == "cpu" and overlap:
+        torch.set_num_threads(max(1, min(before, usable_cpus() - 1)))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 @stage_task("rollouts")

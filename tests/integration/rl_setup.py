@@ -7,26 +7,13 @@ from pathlib import Path
 from typing import Any
 
 from codemill.config import ModelConfig, PipelineConfig
-from codemill.evals.synthetic import synthetic_problems
+from tests.tiny_policy import make_policy
 
 
 def make_start_policy(out: Path, seed: int = 0) -> Path:
-    """A randomly initialised ~0.9M-parameter Llama and a BPE tokenizer trained on the synthetic family's text,
-    saved as one HF folder (what a train artifact's ``hf/`` holds)."""
-    from codemill.data.tokenizer import EOS_TOKEN, PAD_TOKEN, save_tokenizer, train_bpe
-    from codemill.models.build import build_model
-
-    texts = [p.prompt + (p.reference_solution or "") for p in synthetic_problems(1000 + seed, 200)]
-    tok = train_bpe(texts, vocab_size=512, min_frequency=2)
-    save_tokenizer(tok, out / "tokenizer")
-    model = build_model(ModelConfig(), vocab_size=tok.get_vocab_size(), max_len=512,
-                        eos_id=tok.token_to_id(EOS_TOKEN), pad_id=tok.token_to_id(PAD_TOKEN), seed=seed)
-    hf = out / "policy"
-    model.config.use_cache = True
-    model.save_pretrained(str(hf))
-    for f in (out / "tokenizer" / "hf").iterdir():
-        (hf / f.name).write_bytes(f.read_bytes())
-    return hf
+    """A randomly initialised ~0.9M-parameter Llama of the tiny preset's shape and a BPE tokenizer trained on the
+    synthetic family's text, saved as one HF folder (what a train artifact's ``hf/`` holds)."""
+    return make_policy(out, seed=seed, vocab_size=512, model_config=ModelConfig())
 
 
 def rl_config(root: Path, **rl: Any) -> PipelineConfig:
