@@ -156,10 +156,12 @@ def open_source_file(real_root: str, rel: str, follow_external: bool = False) ->
     """
     path = os.path.join(real_root, rel)
     try:
-        is_link = stat.S_ISLNK(os.lstat(path).st_mode)
+        st = os.lstat(path)
+        is_link = stat.S_ISLNK(st.st_mode)
         if is_link and (why := _escape(os.path.realpath(path), real_root, follow_external)):
             return why
-        st = os.stat(path)  # follows file symlinks
+        if is_link:
+            st = os.stat(path)  # follows file symlinks
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             return "symlink_loop"
@@ -197,7 +199,12 @@ def read_source_file(real_root: str, rel: str, max_bytes: int,
         if size > max_bytes:
             return None, "too_large"
         try:
-            raw = fh.read(max_bytes + 1)
+            # sized by fstat, not max_bytes: a 1 MB buffer per file costs an mmap and page faults each time;
+            # a file that grew since is read on up to max_bytes + 1, as a plain read(max_bytes + 1) would
+            want = size + 1
+            raw = fh.read(want)
+            if len(raw) == want and want <= max_bytes:
+                raw += fh.read(max_bytes + 1 - want)
         except OSError:
             return None, "unreadable"
     if len(raw) > max_bytes:
@@ -207,9 +214,9 @@ def read_source_file(real_root: str, rel: str, max_bytes: int,
 
 def decode_source(raw: bytes) -> tuple[str | None, str | None]:
     """UTF-8 text, or (None, reason): empty, binary (NUL bytes), invalid_utf8."""
-    if not raw.strip():
+    if not raw or raw.isspace():  # the bytes.strip() whitespace, without copying the file
         return None, "empty"
-    if b"\0" in raw[:BINARY_SNIFF_BYTES]:
+    if raw.find(b"\0", 0, BINARY_SNIFF_BYTES) != -1:
         return None, "binary"
     try:
         return raw.decode("utf-8"), None

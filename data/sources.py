@@ -251,17 +251,33 @@ def _row(spec: ChunkSpec, path: str, content: str | None, n: int, sha: str | Non
 
 
 def _read_folder_chunk(spec: ChunkSpec, max_bytes: int) -> pl.DataFrame:
-    rows = []
+    """Column lists, not a dict per row: the frame is built in one pass per column."""
+    paths: list[str] = []
+    texts: list[str | None] = []
+    sizes: list[int] = []
+    shas: list[str | None] = []
+    reasons: list[str | None] = []
     root, follow = os.path.realpath(spec.location), bool(spec.options.get("follow_external_symlinks"))
     for rel in spec.items:
         raw, reason = read_source_file(root, rel, max_bytes, follow)
         text = None
         if raw is not None:
             text, reason = decode_source(raw)
-        sha = hashlib.sha256(raw).hexdigest() if raw is not None else None
-        rows.append(_row(spec, rel, text, len(raw) if raw is not None else 0, sha, reason))
-    rows += [_row(spec, rel, None, 0, None, reason) for rel, reason in spec.rejected]
-    return pl.DataFrame(rows, schema=RAW_SCHEMA)
+        paths.append(rel)
+        texts.append(text)
+        sizes.append(len(raw) if raw is not None else 0)
+        shas.append(hashlib.sha256(raw).hexdigest() if raw is not None else None)
+        reasons.append(reason)
+    for rel, reason in spec.rejected:
+        paths.append(rel)
+        texts.append(None)
+        sizes.append(0)
+        shas.append(None)
+        reasons.append(reason)
+    n = len(paths)
+    return pl.DataFrame({"source": [spec.source] * n, "repo": [spec.repo] * n, "path": paths, "content": texts,
+                         "bytes": sizes, "sha256": shas, "source_commit": [spec.commit] * n, "reason": reasons},
+                        schema=RAW_SCHEMA)
 
 
 def _read_jsonl_range(spec: ChunkSpec, max_bytes: int) -> pl.DataFrame:
