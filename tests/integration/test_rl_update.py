@@ -32,6 +32,16 @@ TEXTS = ["def add(a, b):\n    return a + b\n", "def square(x):\n    return x * x
          "def is_even(n):\n    return n % 2 == 0\n", "def first(xs):\n    return xs[0]\n"] * 8
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    """The in-process work (rollout log-probs, the one-rank update) on one thread, as the torchrun ranks run: two
+    spinning OpenMP threads on the shared 2-core machine slow a tiny model down; restored after the module."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def policy(tmp_path_factory) -> Path:
     """A train-stage-style HF folder: tiny Llama weights + the project's tokenizer files."""
