@@ -37,9 +37,10 @@ import polars as pl
 
 from benchmarks.near_dedup import compare
 from codemill.config import IngestConfig, SourceConfig
+from codemill.cpus import usable_cpus
 from codemill.data.dedup import resolve_duplicates
 from codemill.data.filters import language_expr
-from codemill.data.ingest import CHUNK_CODE_VERSION, CHUNK_STEPS, INGEST_CODE_VERSION, prepare, usable_cpus
+from codemill.data.ingest import CHUNK_CODE_VERSION, CHUNK_STEPS, INGEST_CODE_VERSION, prepare
 from codemill.data.sources import plan_chunks, read_chunk, stdlib_root
 from codemill.data.steps import ChunkContext
 

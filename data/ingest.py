@@ -10,7 +10,6 @@ so a re-ingest where few files changed re-does only their chunks.
 from __future__ import annotations
 
 import hashlib
-import os
 import shutil
 import tempfile
 import uuid
@@ -25,6 +24,7 @@ from typing import Any, Protocol
 import polars as pl
 
 from codemill.config import IngestConfig
+from codemill.cpus import usable_cpus
 from codemill.data.corpus import CORPUS_SCHEMA, ParquetShardWriter, assign_split, split_key
 from codemill.data.decontaminate import DECONTAMINATION, build_index, load_eval_texts
 from codemill.data.dedup import EXACT_DEDUP, EXACT_HASH, MINHASH, NEAR_DEDUP, resolve_duplicates
@@ -130,11 +130,6 @@ def work_chunk(spec: ChunkSpec, proc: Processing, cache: ChunkCache) -> ChunkRes
 ChunkMapper = Callable[[Callable[[ChunkSpec], ChunkResult], list[ChunkSpec]], Iterable[ChunkResult]]
 
 
-def usable_cpus() -> int:
-    """CPUs this process may run on (its affinity mask, e.g. a container's cpuset), not the machine's count."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
 def thread_mapper(workers: int) -> ChunkMapper:
     """``map`` over ``workers`` threads, results in chunk order. Threads, not processes: a chunk's work runs in
     Polars (Rust) and numpy, which release the GIL, and a thread starts at once where a fresh process pays
@@ -162,7 +157,7 @@ def run_ingest(cfg: IngestConfig, out_dir: Path, cache: ChunkCache | None = None
     """Write train/ and val/ shards plus audit tables under out_dir; return the stats for the manifest.
 
     Chunks go through ``mapper`` (Ray workers, say), else through ``cfg.workers`` threads (default: every
-    usable CPU)."""
+    usable CPU: affinity mask and cgroup quota)."""
     say = progress or (lambda _m: None)
     tmp = None
     if cache is None:
