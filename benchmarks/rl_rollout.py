@@ -54,16 +54,10 @@ from codemill.evals.synthetic import synthetic_problems
 def tiny_policy(root: Path) -> Path:
     """An untrained model with the tiny preset's shape and a tokenizer trained on the synthetic problems."""
     from codemill.config import load_preset
-    from codemill.data.tokenizer import save_tokenizer, train_bpe
-    from codemill.models.build import build_model
-    from codemill.models.trainer import write_export
+    from codemill.models.build import scratch_policy
 
-    problems = synthetic_problems(0, 200)
-    tok = train_bpe([p.prompt + (p.reference_solution or "") for p in problems], 1000, 2)
-    save_tokenizer(tok, root / "tok")
-    model = build_model(load_preset("tiny").train.model, tok.get_vocab_size(), 1024, 0, 1, seed=0)
-    write_export(model, root / "tok", root)
-    return root / "hf"
+    texts = [p.prompt + (p.reference_solution or "") for p in synthetic_problems(0, 200)]
+    return scratch_policy(root, texts, 1000, load_preset("tiny").train.model, max_len=1024)
 
 
 def bwrap_version() -> str:

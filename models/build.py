@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -57,3 +59,19 @@ def use_attention(model: Any, device: torch.device, document_masking: bool) -> s
     if model.config._attn_implementation != impl:
         model.set_attn_implementation(impl)
     return impl
+
+
+def scratch_policy(out: Path, texts: Sequence[str], vocab_size: int, model: ModelConfig, max_len: int = 512,
+                   seed: int = 0) -> Path:
+    """``out/hf``: a randomly initialised model and a BPE tokenizer trained on ``texts``, in the layout a train
+    artifact exports (what the RL flow, the evaluation and the benchmarks load as a policy)."""
+    from codemill.data.tokenizer import EOS_TOKEN, PAD_TOKEN, save_tokenizer, train_bpe
+    from codemill.models.trainer import write_export
+
+    tok = train_bpe(texts, vocab_size, min_frequency=2)
+    save_tokenizer(tok, out / "tok")
+    eos, pad = tok.token_to_id(EOS_TOKEN), tok.token_to_id(PAD_TOKEN)
+    assert eos is not None and pad is not None  # train_bpe adds both as special tokens
+    weights = build_model(model, tok.get_vocab_size(), max_len, eos, pad, seed=seed)
+    write_export(weights, out / "tok", out)
+    return out / "hf"

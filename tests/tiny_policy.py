@@ -11,18 +11,12 @@ def make_policy(root: Path, seed: int = 0, vocab_size: int = 400, max_len: int =
     """``root/hf``: an untrained model whose samples are varied (random weights) and end on EOS now and then.
     ``model_config`` (a ModelConfig) defaults to a 2-layer, 64-wide model."""
     from codemill.config import ModelConfig
-    from codemill.data.tokenizer import save_tokenizer, train_bpe
     from codemill.evals.synthetic import synthetic_problems
-    from codemill.models.build import build_model
-    from codemill.models.trainer import write_export
+    from codemill.models.build import scratch_policy
 
-    problems = synthetic_problems(0, 60)
-    tok = train_bpe([p.prompt + (p.reference_solution or "") for p in problems], vocab_size, 2)
-    save_tokenizer(tok, root / "tok")
+    texts = [p.prompt + (p.reference_solution or "") for p in synthetic_problems(0, 60)]
     small = ModelConfig(hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2)
-    model = build_model(model_config or small, tok.get_vocab_size(), max_len, 0, 1, seed=seed)
-    write_export(model, root / "tok", root)
-    return root / "hf"
+    return scratch_policy(root, texts, vocab_size, model_config or small, max_len, seed)
 
 
 @contextlib.contextmanager
