@@ -13,7 +13,7 @@ import hashlib
 import numpy as np
 import polars as pl
 
-from codemill.data.minhash import band_keys, keep_one_per_component, lsh_components, signatures
+from codemill.data.minhash import SKETCH_VALUES, band_keys, keep_one_per_component, lsh_components, signatures, sketch
 from codemill.data.shingles import ngrams_from_tokens
 from codemill.data.steps import ChunkContext, Step
 
@@ -26,11 +26,13 @@ def normalized_hash(content: pl.Series) -> pl.Series:
                                    else None for t in norm.to_list()], dtype=pl.String)
 
 
-def resolve_duplicates(candidates: pl.DataFrame, near: bool) -> pl.DataFrame:
+def resolve_duplicates(candidates: pl.DataFrame, near: bool, min_similarity: float = 0.0) -> pl.DataFrame:
     """Rows to drop: ``rank, reason, kept_rank``.
 
     ``candidates`` has one row per file that passed the filters: ``rank`` (unique, the corpus order),
-    ``norm_hash``, ``bands`` (Array of uint64 LSH band keys) and ``lsh_valid`` (enough tokens to shingle).
+    ``norm_hash``, ``bands`` (Array of uint64 LSH band keys) and ``lsh_valid`` (enough tokens to shingle), and
+    may have ``sketch`` (``minhash.sketch``): then two files sharing a band are near duplicates only when at
+    least ``min_similarity`` of their sketch values agree.
     """
     df = candidates.sort("rank")
     first = df.group_by("norm_hash", maintain_order=True).agg(pl.col("rank").first().alias("kept_rank"))
@@ -46,7 +48,13 @@ def resolve_duplicates(candidates: pl.DataFrame, near: bool) -> pl.DataFrame:
     if keys.ndim != 2:
         keys = np.stack(list(keys))  # an object column of per-row arrays
     rank = rest["rank"].to_numpy()
-    labels = lsh_components(keys.astype(np.uint64, copy=False), rest["lsh_valid"].to_numpy())
+    sketches = None
+    if "sketch" in rest.columns and min_similarity > 0:
+        sketches = rest["sketch"].to_numpy()
+        if sketches.ndim != 2:
+            sketches = np.stack(list(sketches))
+    labels = lsh_components(keys.astype(np.uint64, copy=False), rest["lsh_valid"].to_numpy(), sketches,
+                            min_similarity)
     rep = keep_one_per_component(labels, rank)
     dropped = np.flatnonzero(rep != np.arange(len(rank)))
     near_df = pl.DataFrame({"rank": rank[dropped], "reason": ["near_duplicate"] * len(dropped),
@@ -59,9 +67,10 @@ def _minhash_step(live: pl.DataFrame, ctx: ChunkContext) -> pl.DataFrame:
     """LSH band keys per row, from the text before redaction (a placeholder changes a few shingles at most)."""
     nd, proc = ctx.proc.cfg.near_dedup, ctx.proc
     flat, lengths = ctx.tokens(live)
-    keys = band_keys(signatures(ngrams_from_tokens(flat, lengths, nd.ngram), nd.num_perm, nd.seed), proc.bands,
-                     proc.rows)
-    return live.with_columns(pl.Series("bands", keys, dtype=pl.Array(pl.UInt64, proc.bands)),
+    sig = signatures(ngrams_from_tokens(flat, lengths, nd.ngram), nd.num_perm, nd.seed, threads=1)
+    return live.with_columns(pl.Series("bands", band_keys(sig, proc.bands, proc.rows),
+                                       dtype=pl.Array(pl.UInt64, proc.bands)),
+                             pl.Series("sketch", sketch(sig), dtype=pl.Array(pl.UInt16, SKETCH_VALUES)),
                              pl.Series("lsh_valid", lengths >= nd.ngram))
 
 

@@ -20,6 +20,7 @@ datasketch's ``optimal_param`` (equal weight on false positives and false negati
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
@@ -31,10 +32,12 @@ from codemill.data.shingles import NgramHashes
 
 # Names the signature and banding computation; part of the chunk digest and the ingest stage's code version,
 # and recorded in the manifest. Change it whenever any value this module returns changes.
-ALGORITHM = "oph-optimal-densification-v1"
+ALGORITHM = "oph-optimal-densification-v2-verified"  # v2: candidate pairs verified on a 16-bit sketch
 NO_SIGNATURE = np.uint32(0xFFFFFFFF)
 _MIX = np.uint64(0xBF58476D1CE4E5B9)
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+SKETCH_VALUES = 128  # uint16 values per document in ``sketch``
+VERIFY_MARGIN = 0.05  # a candidate pair needs sketch agreement >= threshold - this (128 values: sd ~0.04)
 _MIN_DOCS_PER_THREAD = 512  # below this a thread costs more than it saves
 _TOP = 0xFFFFFFFE  # the largest bin value: NO_SIGNATURE (one more) marks an empty bin
 _BATCH = 64  # shingles hashed before they are scattered into the bins
@@ -48,15 +51,18 @@ class _Kernel:
     def __init__(self, fn: Callable[..., None]):
         self.fn: Callable[..., None] = fn
         self.compiled: Callable[..., None] | None = None
+        self.lock = threading.Lock()  # the ingest stage's chunk threads may all reach a kernel first at once
 
     def __call__(self, *args: Any) -> None:
         if self.compiled is None:
-            from numba import njit
+            with self.lock:
+                if self.compiled is None:
+                    from numba import njit
 
-            try:
-                self.compiled = njit(cache=True, nogil=True)(self.fn)
-            except RuntimeError:  # no writable cache directory (a read-only install): compile in memory
-                self.compiled = njit(nogil=True)(self.fn)
+                    try:
+                        self.compiled = njit(cache=True, nogil=True)(self.fn)
+                    except RuntimeError:  # no writable cache directory (a read-only install): compile in memory
+                        self.compiled = njit(nogil=True)(self.fn)
         self.compiled(*args)
 
 
@@ -187,29 +193,47 @@ def _band_keys(sig: np.ndarray, rows: int, keys: np.ndarray) -> None:  # pragma:
             keys[d, b] = key
 
 
-def lsh_components(keys: np.ndarray, valid: np.ndarray) -> np.ndarray:
+def sketch(sig: np.ndarray) -> np.ndarray:
+    """(n_docs, SKETCH_VALUES) uint16: the low 16 bits of every other signature value, to check a candidate
+    pair's similarity after LSH (a quarter of the signature's bytes; two different values agree by chance
+    with probability 2^-16)."""
+    return (sig[:, ::2] & np.uint32(0xFFFF)).astype(np.uint16)
+
+
+def lsh_components(keys: np.ndarray, valid: np.ndarray, sketches: np.ndarray | None = None,
+                   min_similarity: float = 0.0) -> np.ndarray:
     """Connected components of the candidate graph (any equal band), as a label per document.
 
     ``valid`` marks documents that take part; the others are singletons. Per band, an open-addressing table
-    finds each key's first document and a union-find joins the later ones to it. Components are numbered in
-    the order of their smallest document (as ``scipy.sparse.csgraph.connected_components`` numbers them).
+    holds each key's documents and a union-find joins them. With ``sketches``, a candidate pair is an edge
+    only when at least ``min_similarity`` of their sketch values agree: a document is checked against every
+    earlier document of its bucket that is not already in its component, so the components are exactly those
+    of the verified candidate pairs. Components are numbered in the order of their smallest document (as
+    ``scipy.sparse.csgraph.connected_components`` numbers them).
     """
     n = keys.shape[0]
     labels = np.empty(n, dtype=np.int64)
     bits = max(4, int(2 * n).bit_length())
-    _components(np.ascontiguousarray(keys, dtype=np.uint64), np.ascontiguousarray(valid, dtype=np.bool_), bits,
-                labels)
+    if sketches is None or min_similarity <= 0:
+        sketches, need = np.zeros((n, 0), dtype=np.uint16), 0
+    else:
+        need = int(np.ceil(min_similarity * sketches.shape[1] - 1e-9))
+    _components(np.ascontiguousarray(keys, dtype=np.uint64), np.ascontiguousarray(valid, dtype=np.bool_),
+                np.ascontiguousarray(sketches, dtype=np.uint16), need, bits, labels)
     return labels
 
 
 @_Kernel
-def _components(keys: np.ndarray, valid: np.ndarray, bits: int, labels: np.ndarray) -> None:  # pragma: no cover
+def _components(keys: np.ndarray, valid: np.ndarray, sketches: np.ndarray, need: int, bits: int,
+                labels: np.ndarray) -> None:  # pragma: no cover - compiled; tests compare it with brute force
     n, bands = keys.shape
+    width = sketches.shape[1]
     parent = np.arange(n)
     size = 1 << bits
     mask, shift = np.int64(size - 1), np.uint64(64 - bits)
     slot_key = np.empty(size, dtype=np.uint64)
-    slot_doc = np.empty(size, dtype=np.int64)
+    slot_doc = np.empty(size, dtype=np.int64)  # the bucket's newest document
+    earlier = np.empty(n, dtype=np.int64)  # the previous document of the same bucket (this band)
     for b in range(bands):
         slot_doc[:] = -1
         for d in range(n):
@@ -219,18 +243,26 @@ def _components(keys: np.ndarray, valid: np.ndarray, bits: int, labels: np.ndarr
             slot = np.int64((key * _GOLDEN) >> shift)
             while slot_doc[slot] != -1 and slot_key[slot] != key:
                 slot = (slot + np.int64(1)) & mask
-            if slot_doc[slot] == -1:
-                slot_doc[slot], slot_key[slot] = d, key
-            else:
-                ra, rb = d, slot_doc[slot]
+            other = slot_doc[slot]
+            earlier[d] = other
+            slot_doc[slot], slot_key[slot] = d, key
+            while other != -1:
+                ra, rb = d, other
                 while parent[ra] != ra:
                     parent[ra] = parent[parent[ra]]
                     ra = parent[ra]
                 while parent[rb] != rb:
                     parent[rb] = parent[parent[rb]]
                     rb = parent[rb]
-                if ra != rb:  # the root is the smallest document, whatever the order of unions
-                    parent[max(ra, rb)] = min(ra, rb)
+                if ra != rb:
+                    agree = 0
+                    for i in range(width):
+                        agree += sketches[d, i] == sketches[other, i]
+                    if agree >= need:  # the root is the smallest document, whatever the order of unions
+                        parent[max(ra, rb)] = min(ra, rb)
+                if width == 0:
+                    break  # unverified: one edge per document and bucket is enough
+                other = earlier[other]
     label = np.full(n, -1, dtype=np.int64)
     nxt = 0
     for d in range(n):

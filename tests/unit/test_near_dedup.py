@@ -5,12 +5,15 @@ import random
 
 import numpy as np
 import polars as pl
+import pytest
 
 from codemill.config import IngestConfig, SourceConfig
+from codemill.data.dedup import resolve_duplicates
 from codemill.data.ingest import CHUNK_CODE_VERSION, INGEST_CODE_VERSION, prepare, run_ingest
 from codemill.data.minhash import (
     ALGORITHM,
     NO_SIGNATURE,
+    SKETCH_VALUES,
     _seed_words,
     band_keys,
     bin_order,
@@ -18,6 +21,7 @@ from codemill.data.minhash import (
     lsh_components,
     optimal_bands,
     signatures,
+    sketch,
 )
 from codemill.data.shingles import ngram_hashes
 
@@ -117,11 +121,12 @@ def test_signature_bytes_are_pinned():
     # the same bytes on every machine: if this changes, so must minhash.ALGORITHM (the digests name it)
     ng = ngram_hashes(pl.Series(["def f(x):\n    return x + 1\n" * 7, " ".join(f"t{i}" for i in range(700))]), 5)
     sig = signatures(ng, 256, 42)
-    assert ALGORITHM == "oph-optimal-densification-v1"
+    assert ALGORITHM == "oph-optimal-densification-v2-verified"
     assert hashlib.sha256(sig.tobytes()).hexdigest()[:16] == "d26d96d1f3386a1a"
 
 
-def _brute_components(keys: np.ndarray, valid: np.ndarray) -> list[set[int]]:
+def _brute_components(keys: np.ndarray, valid: np.ndarray, sketches: np.ndarray | None = None,
+                      need: int = 0) -> list[set[int]]:
     n = len(keys)
     parent = list(range(n))
 
@@ -132,7 +137,8 @@ def _brute_components(keys: np.ndarray, valid: np.ndarray) -> list[set[int]]:
 
     for i in range(n):
         for j in range(i + 1, n):
-            if valid[i] and valid[j] and (keys[i] == keys[j]).any():
+            similar = sketches is None or int((sketches[i] == sketches[j]).sum()) >= need
+            if valid[i] and valid[j] and (keys[i] == keys[j]).any() and similar:
                 parent[find(j)] = find(i)
     groups: dict[int, set[int]] = {}
     for i in range(n):
@@ -173,7 +179,7 @@ def test_the_algorithm_is_versioned_in_the_digests_and_the_manifest(tmp_path):
     (folder / "c.py").write_text(lines(_doc(rng, 400)))
     cfg = IngestConfig(sources=[SourceConfig(path=str(folder), exclude=[])], decontamination={"enabled": False})
     st = run_ingest(cfg, tmp_path / "out")
-    assert st["near_dedup"]["algorithm"] == ALGORITHM
+    assert st["near_dedup"]["algorithm"] == ALGORITHM and st["near_dedup"]["verified_at"] == pytest.approx(0.65)
     assert st["rejected_by_reason"] == {"near_duplicate": 1}
     assert prepare(cfg).digest == prepare(cfg).digest
 
@@ -187,3 +193,49 @@ def test_signatures_do_not_depend_on_the_thread_count(monkeypatch):
     one = signatures(ng, 256, 42, threads=1)
     for threads in (2, 3, 7):
         assert (signatures(ng, 256, 42, threads=threads) == one).all()
+
+
+def _as_groups(labels: np.ndarray) -> list[set[int]]:
+    got: dict[int, set[int]] = {}
+    for i, lab in enumerate(labels.tolist()):
+        got.setdefault(lab, set()).add(i)
+    return sorted(got.values(), key=min)
+
+
+def test_verified_clustering_is_exactly_the_components_of_verified_candidate_pairs():
+    rng = np.random.default_rng(1)
+    keys = rng.integers(0, 12, size=(80, 3)).astype(np.uint64)  # buckets of ~7: many candidate pairs
+    sketches = rng.integers(0, 3, size=(80, 20)).astype(np.uint16)  # agreement ~1/3 on average, spread out
+    valid = rng.random(80) > 0.1
+    labels = lsh_components(keys, valid, sketches, 0.5)
+    want = _brute_components(keys, valid, sketches, 10)
+    assert _as_groups(labels) == want
+    assert 10 < len(want) < 70 and len(_brute_components(keys, valid)) < len(want)  # verification split groups
+
+
+def test_verification_checks_every_earlier_bucket_member():
+    keys = np.array([[7], [7], [7], [8]], dtype=np.uint64)  # 0, 1, 2 share a bucket
+    sk = np.array([[2, 2, 2, 2], [1, 1, 1, 1], [2, 2, 2, 9], [1, 1, 1, 1]], dtype=np.uint16)
+    labels = lsh_components(keys, np.ones(4, bool), sk, 0.7)
+    assert labels[0] == labels[2] != labels[1]  # 2 matches 0 (3 of 4), not 1 (the newest before it)
+    assert len(set(labels.tolist())) == 3  # 3 shares no band; 0 and 1 fail the check
+    assert len(set(lsh_components(keys, np.ones(4, bool)).tolist())) == 2  # unverified: one bucket, one group
+
+
+def test_the_stage_drops_a_verified_near_duplicate_and_keeps_a_band_collision_that_is_not():
+    rng = random.Random(3)
+    base = _doc(rng, 300)
+    texts = [" ".join(base), " ".join(_edit(rng, base, 3)), " ".join(_doc(rng, 300))]
+    ng = ngram_hashes(pl.Series(texts), 5)
+    sig = signatures(ng, 256, 42)
+    keys = band_keys(sig, 25, 10)
+    keys[2, 3] = keys[0, 3]  # a forced band collision between unrelated files
+    sketches = sketch(sig)
+    assert sketches.shape == (3, SKETCH_VALUES) and sketches.dtype == np.uint16
+    cands = pl.DataFrame({"rank": [0, 1, 2], "norm_hash": ["a", "b", "c"],
+                          "bands": pl.Series(keys, dtype=pl.Array(pl.UInt64, 25)),
+                          "sketch": pl.Series(sketches, dtype=pl.Array(pl.UInt16, SKETCH_VALUES)),
+                          "lsh_valid": [True] * 3})
+    assert resolve_duplicates(cands, near=True, min_similarity=0.65).rows() == [(1, "near_duplicate", 0)]
+    assert sorted(resolve_duplicates(cands, near=True).rows()) == [(1, "near_duplicate", 0),
+                                                                   (2, "near_duplicate", 0)]
