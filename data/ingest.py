@@ -30,6 +30,7 @@ from codemill.data.decontaminate import DECONTAMINATION, build_index, load_eval_
 from codemill.data.dedup import EXACT_DEDUP, EXACT_HASH, MINHASH, NEAR_DEDUP, resolve_duplicates
 from codemill.data.filters import FILTER, LANGUAGE, language_expr
 from codemill.data.minhash import ALGORITHM as NEAR_DEDUP_ALGORITHM
+from codemill.data.minhash import VERIFY_MARGIN as NEAR_DEDUP_VERIFY_MARGIN
 from codemill.data.minhash import optimal_bands
 from codemill.data.redact import PLACEHOLDERS, REDACTION
 from codemill.data.sources import READ, ChunkSpec, default_repo, plan_chunks, read_chunk, source_fingerprint
@@ -81,7 +82,7 @@ class ChunkResult:
     key: str
     reused: bool
     ledger: pl.DataFrame  # every row: LEDGER_COLUMNS + redaction counts, contamination
-    candidates: pl.DataFrame  # rows that passed the per-file steps: row, norm_hash, bands, lsh_valid
+    candidates: pl.DataFrame  # rows that passed the per-file steps: row, norm_hash, bands, sketch, lsh_valid
 
 
 def prepare(cfg: IngestConfig) -> Processing:
@@ -123,7 +124,7 @@ def work_chunk(spec: ChunkSpec, proc: Processing, cache: ChunkCache) -> ChunkRes
         cache.save(key, done)
     extra = [c for c in done.columns if c.startswith("redact_")] + ["contamination", "contaminated_by", "language"]
     ledger = done.select(*LEDGER_COLUMNS, *[c for c in extra if c in done.columns])
-    cands = done.filter(pl.col("reason").is_null()).select("row", "norm_hash", "bands", "lsh_valid")
+    cands = done.filter(pl.col("reason").is_null()).select("row", "norm_hash", "bands", "sketch", "lsh_valid")
     return ChunkResult(key, reused, ledger, cands)
 
 
@@ -184,7 +185,8 @@ def _run(cfg: IngestConfig, out_dir: Path, cache: ChunkCache, say: Callable[[str
     cands = pl.concat([r.candidates.with_columns(pl.lit(c, pl.Int32).alias("chunk")) for c, r in enumerate(results)])
     cands = cands.join(ledger.select("chunk", "row", "rank"), on=["chunk", "row"], how="left")
     say(f"corpus-wide dedup over {cands.height} files")
-    drops = resolve_duplicates(cands.select("rank", "norm_hash", "bands", "lsh_valid"), cfg.near_dedup.enabled)
+    drops = resolve_duplicates(cands.select("rank", "norm_hash", "bands", "sketch", "lsh_valid"),
+                               cfg.near_dedup.enabled, cfg.near_dedup.threshold - NEAR_DEDUP_VERIFY_MARGIN)
     ledger = ledger.join(drops, on="rank", how="left", suffix="_dedup").with_columns(
         pl.coalesce("reason", "reason_dedup").alias("reason")).drop("reason_dedup").sort("rank")
     shards = _write_outputs(cfg, out_dir, results, ledger, cache, say)
@@ -271,6 +273,7 @@ def _stats(cfg: IngestConfig, proc: Processing, ledger: pl.DataFrame, results: l
                             "texts_too_short": proc.index.skipped_short if proc.index else 0,
                             "dropped": contaminated.head(100).to_dicts() if contaminated is not None else []},
         "near_dedup": {"enabled": cfg.near_dedup.enabled, "algorithm": NEAR_DEDUP_ALGORITHM,
+                       "verified_at": cfg.near_dedup.threshold - NEAR_DEDUP_VERIFY_MARGIN,
                        "bands": proc.bands, "rows": proc.rows,
                        "num_perm": cfg.near_dedup.num_perm, "threshold": cfg.near_dedup.threshold,
                        "clusters": int(dups.filter(pl.col("reason") == "near_duplicate")["kept_path"].n_unique())},
