@@ -41,6 +41,7 @@ from codemill.cpus import usable_cpus
 from codemill.data.dedup import resolve_duplicates
 from codemill.data.filters import language_expr
 from codemill.data.ingest import CHUNK_CODE_VERSION, CHUNK_STEPS, INGEST_CODE_VERSION, prepare
+from codemill.data.minhash import VERIFY_MARGIN
 from codemill.data.sources import plan_chunks, read_chunk, stdlib_root
 from codemill.data.steps import ChunkContext
 
@@ -90,10 +91,11 @@ def per_step(cfg: IngestConfig) -> tuple[Clock, int, int, list[str]]:
                 clock("tokenize", lambda live=live, ctx=ctx: ctx.tokens(live))
             live = clock(step.name, lambda live=live, step=step, ctx=ctx: step.apply(live, ctx).filter(
                 pl.col("reason").is_null()))
-        cands.append(live.select(pl.col("row").cast(pl.Int64) + c * 10**6, "norm_hash", "bands", "lsh_valid")
+        cands.append(live.select(pl.col("row").cast(pl.Int64) + c * 10**6, "norm_hash", "bands", "sketch", "lsh_valid")
                      .rename({"row": "rank"}))
         kept_texts += live["content"].to_list()
-    clock("corpus-wide dedup", lambda: resolve_duplicates(pl.concat(cands), near=True))
+    clock("corpus-wide dedup", lambda: resolve_duplicates(pl.concat(cands), near=True,
+                                                          min_similarity=cfg.near_dedup.threshold - VERIFY_MARGIN))
     return clock, n_bytes, n_files, kept_texts
 
 
