@@ -12,7 +12,9 @@ recall and precision against exact Jaccard equal to rensa's MinHash within their
 depends only on the shingle hashes, ``num_perm`` and ``seed`` (not on the batch, machine or thread count).
 
 LSH: the signature is cut into ``bands`` x ``rows``; two documents are candidates when any band matches
-exactly. Parameters default to BigCode's (256 permutations, Jaccard 0.7); bands/rows are chosen like
+exactly, and near duplicates when, in addition, their ``sketch`` (128 of the values, 16 bits each) agrees on
+at least ``threshold - VERIFY_MARGIN``: most candidates below the threshold fail that check, few above it do.
+Parameters default to BigCode's (256 permutations, Jaccard 0.7); bands/rows are chosen like
 datasketch's ``optimal_param`` (equal weight on false positives and false negatives), which gives 25 x 10 for
 0.7 and 13 x 19 for 0.85.
 """
