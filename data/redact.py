@@ -28,7 +28,7 @@ import ipaddress
 import math
 import re
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import polars as pl
@@ -123,6 +123,32 @@ def _looks_like_secret(value: str, cfg: RedactionConfig) -> bool:
 
 Keep = Callable[[re.Match[str]], bool]
 
+# Besides an ASCII letter's two cases, Python's (?i) matches it to these only: İ and ı (i), K (Kelvin, k),
+# ſ (long s); İ is also the one character whose lower() is longer. A text holding none of them can match a
+# secret name only where its lower-cased form holds the name's start literally (a test checks both facts).
+CASE_FOLDS = "\u0130\u0131\u212a\u017f"
+SECRET_NAME_STARTS = ("passw", "secret", "token", "api", "access", "private", "auth", "client", "credential")
+
+
+def secret_matches(text: str) -> Iterator[re.Match[str]]:
+    """The matches ``SECRET_ASSIGN.sub`` visits, in order, tried only where a name starts: the (?i) name
+    alternation tried at every position costs ~100 ns a character in Python's engine; ``str.find`` does not."""
+    if any(ch in text for ch in CASE_FOLDS):
+        yield from SECRET_ASSIGN.finditer(text)
+        return
+    low = text.lower()
+    starts = set()
+    for name in SECRET_NAME_STARTS:
+        i = low.find(name)
+        while i != -1:
+            starts.add(i)
+            i = low.find(name, i + 1)
+    end = 0
+    for pos in sorted(starts):
+        if pos >= end and (m := SECRET_ASSIGN.match(text, pos)):
+            yield m
+            end = m.end()
+
 
 def _sub(text: str, pattern: re.Pattern[str], label: str, counts: Counter[str], keep: Keep | None = None,
          line_trigger: str | None = None) -> str:
@@ -160,15 +186,15 @@ def redact_text(text: str, cfg: RedactionConfig, candidates: frozenset[str] = fr
         text = _sub(text, SLACK_WEBHOOK, "SLACK_WEBHOOK", counts)
         text = _sub(text, SLACK_TOKEN, "SLACK_TOKEN", counts)
     if cfg.secrets and "SECRET" in candidates:
-
-        def secret(m: re.Match[str]) -> str:
-            value = m.group("value")
-            if not _looks_like_secret(value, cfg):
-                return m.group(0)
-            counts["SECRET"] += 1
-            s, e = m.span("value")
-            return m.group(0)[:s - m.start()] + "<SECRET>" + m.group(0)[e - m.start():]
-        text = SECRET_ASSIGN.sub(secret, text)
+        parts, last = [], 0
+        for m in secret_matches(text):
+            if _looks_like_secret(m.group("value"), cfg):
+                counts["SECRET"] += 1
+                s, e = m.span("value")
+                parts += [text[last:s], "<SECRET>"]
+                last = e
+        if parts:
+            text = "".join(parts) + text[last:]
     if cfg.emails and "EMAIL" in candidates:
         text = _sub(text, EMAIL, "EMAIL", counts, _keep_email, line_trigger="@")
     if cfg.ip_addresses and "IPV4" in candidates:

@@ -1,8 +1,8 @@
 """The ingest's fast paths give exactly what their plain definitions give: filter statistics read off the UTF-8
 bytes against the Polars expressions that define them, on text built to hit every edge (non-ASCII letters next
 to hex runs, non-ASCII spaces, multi-byte characters on long lines, empty lines, no final newline); the index
-lookup against ``np.isin``; redaction (pre-filtered, per-line e-mail search, rewritten IPv4 pattern) against
-every detector run over the whole text."""
+lookup against ``np.isin``; redaction (pre-filtered, per-line e-mail search, rewritten IPv4 pattern, secrets
+tried only where a name starts) against every detector run over the whole text."""
 
 import random
 import re
@@ -82,6 +82,9 @@ FRAGMENTS = [
     "ip 2a00:1450:4001:82b::200e", "addr 2001:db8::1", "fe80::1", "host 1:2:3:4:5:6:7:8", "a::b", "::1",
     "x[1::2]", "proxy ::ffff:2a00:1450", "peer 2a00:1450:4001::", "12:34:56", "١٢.٣.٤.٥",
     "AKIA2OGYBAH6STMMNXNN", 'password = "Zk3#9qLm!x2Vb7Tp"', 'api_key: "abcdefgh"',
+    '\u017fecret = "Zk3#9qLm!x2Vb7TpQ"', 'to\u212aen = "Zk3#9qLm!x2Vb7TpQ"', 'ap\u0130_key = "Zk3#9qLm!x2Vb7TpQ"',
+    'secredentials = "Zk3#9qLm!x2Vb7TpQ"', 'PASSWORD: "Zk3#9qLm!x2Vb7TpAA"', "client-secret => 'Ab3#9qLm!x2Vb7TpZZ'",
+    'my_token="Yq8!pLm3#Zx9Wv2Rt"', 'token = "your-token-here-please"', "AUTH_KEY = 'Qw3#Er5%Ty7&Ui9*'",
 ]
 SEPARATORS = [" ", "\n", "", ",", ".", ":", "\r\n", "\t", "=", "(", "_", "a", "9"]
 
@@ -92,9 +95,23 @@ def _redaction_texts(n: int, seed: int = 0) -> list[str]:
             for _ in range(n)]
 
 
+def _flagged(name, text):
+    return bool(pl.Series([text]).str.contains(R.PREFILTERS[name])[0])
+
+
 def _reference_redact(text, cfg):
-    """The plain definition: every detector over the whole text, in order, IPv4 with its lookbehind first."""
-    out, counts = redact_text(text, cfg, frozenset({"TOKENS", "SECRET"}))
+    """The plain definition: every detector over the whole text, in order, IPv4 with its lookbehind first;
+    tokens and secrets only where their pre-filters fire, as before (Rust's case folding is not Python's:
+    ``apİ_key`` matches the Python pattern, not the Rust pre-filter, and has never been redacted)."""
+    out, counts = redact_text(text, cfg, frozenset({"TOKENS"} if _flagged("TOKENS", text) else ()))
+
+    def secret(m):
+        if not R._looks_like_secret(m.group("value"), cfg):
+            return m.group(0)
+        counts["SECRET"] += 1
+        s, e = m.span("value")
+        return m.group(0)[:s - m.start()] + "<SECRET>" + m.group(0)[e - m.start():]
+    out = R.SECRET_ASSIGN.sub(secret, out) if _flagged("SECRET", text) else out
     out = R._sub(out, R.EMAIL, "EMAIL", counts, R._keep_email)
     out = R._sub(out, PLAIN_IPV4, "IP_ADDRESS", counts, R._keep_ipv4)
     out = R._sub(out, R.IPV6, "IP_ADDRESS", counts, R._keep_ipv6)
@@ -117,3 +134,13 @@ def test_redaction_equals_every_detector_over_the_whole_text():
     assert got.to_list() == [r[0] for r in ref]
     assert per_row == [r[1] for r in ref]
     assert sum(r[1].get("IP_ADDRESS", 0) for r in ref) > 50 and sum(r[1].get("EMAIL", 0) for r in ref) > 50
+    assert sum(r[1].get("SECRET", 0) for r in ref) > 50
+
+
+def test_secret_names_fold_only_through_the_listed_characters():
+    """What ``secret_matches`` relies on: besides its two cases, (?i) matches an ASCII letter of a name's start
+    only to a character of CASE_FOLDS, and only one of those (İ) lower-cases to more than one character."""
+    chars = "".join(chr(x) for x in range(0x110000) if not 0xD800 <= x < 0xE000)
+    for letter in set("".join(R.SECRET_NAME_STARTS)):
+        assert set(re.findall("(?i)" + letter, chars)) - {letter, letter.upper()} <= set(R.CASE_FOLDS), letter
+    assert [c for c in chars if len(c.lower()) != 1] == ["\u0130"]
