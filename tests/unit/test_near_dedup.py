@@ -43,12 +43,11 @@ def _reference(hashes: np.ndarray, k: int, seed: int) -> np.ndarray:
     """One document, written the slow way: each bin's minimum, then each empty bin copies the first filled
     bin of its order."""
     order = bin_order(k, seed)[0]
-    m_bin, m_val = _seed_words(seed, 3)[:2] | np.uint64(1)
+    m_bin, m_val = (int(m) for m in _seed_words(seed, 3)[:2] | np.uint64(1))
     own: dict[int, int] = {}
-    for h in hashes.tolist():
-        x = np.uint64(h)
-        b = int((((x * m_bin) >> np.uint64(32)) * np.uint64(k)) >> np.uint64(32))
-        own[b] = min(own.get(b, 2**32), int((x * m_val) >> np.uint64(32)), 2**32 - 2)
+    for h in hashes.tolist():  # Python ints: the 64-bit products written out mod 2^64
+        b = ((h * m_bin % 2**64 >> 32) * k) >> 32
+        own[b] = min(own.get(b, 2**32), h * m_val % 2**64 >> 32, 2**32 - 2)
     if not own:
         return np.full(k, NO_SIGNATURE, np.uint32)
     return np.array([own[next(int(s) for s in order[j] if int(s) in own)] for j in range(k)], np.uint32)
