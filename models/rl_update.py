@@ -53,7 +53,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from codemill.config import GRPOConfig
 from codemill.models import parallel
 from codemill.models.build import load_pretrained
-from codemill.models.checkpoint import Checkpointer, committed_steps
+from codemill.models.checkpoint import Checkpointer, committed_steps, step_dir
 from codemill.models.common import emit, full_state_dict, param_groups, start_rank
 from codemill.models.grpo import (
     SUM_KEYS,
@@ -92,6 +92,10 @@ class RLUpdateSpec(BaseModel):
     ckpt_dir: str = Field(description="Resumable DCP checkpoints of this update (scratch).")
     max_new_tokens: int | None = Field(None, gt=0, description="The rollout's max_new_tokens: Dr. GRPO's constant "
                                                                "normaliser; None = the longest completion.")
+    optimizer_in: str | None = Field(None, description="The previous update's optimizer state (a checkpoint "
+                                                       "folder written through optimizer_out); None = a fresh AdamW.")
+    optimizer_out: str | None = Field(None, description="Where the optimizer state after this update is saved "
+                                                        "(DCP), for the next iteration's update to continue from.")
 
     @model_validator(mode="after")
     def _kl_needs_a_reference(self) -> RLUpdateSpec:
@@ -290,6 +294,8 @@ class GRPOUpdate:
         summary = {"metrics": metrics, "skipped": reason, "history": []}
         if self.d.rank == 0:
             write_policy(None, Path(self.spec.policy_dir), Path(self.spec.out_dir), summary)
+            if self.spec.optimizer_in and self.spec.optimizer_out and Path(self.spec.optimizer_in).is_dir():
+                shutil.copytree(self.spec.optimizer_in, self.spec.optimizer_out, dirs_exist_ok=True)
             emit("done", metrics=metrics, skipped=reason)
         self.d.barrier()
         return summary
@@ -320,6 +326,7 @@ class GRPOUpdate:
             "wsd", s, warmup=cfg.warmup_steps, total=total, min_ratio=1.0))  # constant after the warmup
         self.autocast = (torch.autocast(d.device.type, dtype=torch.bfloat16)
                          if bf16 and cfg.parallelism == "ddp" else nullcontext())
+        self.continue_optimizer()
         self.resume()
         if d.rank == 0:
             emit("start", world=d.world, device=str(d.device), parallelism=cfg.parallelism, steps=total,
@@ -331,6 +338,32 @@ class GRPOUpdate:
         if top >= vocab:
             raise ValueError(f"the rollouts hold token id {top} but the policy's vocabulary has {vocab} entries: "
                              "rollouts and policy_dir do not belong together")
+
+    def continue_optimizer(self) -> None:
+        """AdamW's moments from the previous iteration's update. One policy trained over many iterations is one
+        optimisation (verl and TRL keep their optimizer across steps): a fresh AdamW makes its first steps
+        about lr * sign(gradient) on every weight, noise included, which on a small model undid more than
+        each iteration's signal taught."""
+        root = Path(self.spec.optimizer_in) if self.spec.optimizer_in else None
+        if root is None or not committed_steps(root):
+            return
+        from torch.distributed.checkpoint import load as dcp_load
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        msd, osd = get_state_dict(self.model, self.opt)
+        state: dict[str, Any] = {"model": msd, "optim": osd}
+        dcp_load(state, checkpoint_id=str(step_dir(root, committed_steps(root)[-1]) / "dcp"))
+        set_state_dict(self.model, self.opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        for group in self.opt.param_groups:  # this update's schedule, not the saved learning rates
+            group["initial_lr"] = self.cfg.lr
+            group["lr"] = self.cfg.lr * self.sched.lr_lambdas[0](0)
+
+    def save_optimizer(self) -> None:
+        """The optimizer state after this update, committed under ``optimizer_out`` (skip: copied through)."""
+        if self.spec.optimizer_out is None:
+            return
+        out = Path(self.spec.optimizer_out)
+        Checkpointer(out, self.d.rank, 1, self.d.barrier).save(0, self.model, self.opt, self.sched, {})
 
     def resume(self) -> None:
         """The last committed checkpoint's state (weights, optimizer, scheduler and RNG restored in place)."""
@@ -414,6 +447,7 @@ class GRPOUpdate:
         metrics |= {"update_s": update_s, "resumed_from": self.start_step,
                     "tokens_per_s": sum(h["tokens"] for h in ran) / update_s}
         summary = {"metrics": metrics, "history": self.history}
+        self.save_optimizer()
         state = full_state_dict(self.model)
         if d.rank == 0:
             fresh: Any = load_pretrained(self.spec.policy_dir, seed=self.cfg.seed)

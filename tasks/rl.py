@@ -32,8 +32,9 @@ from codemill.tasks.train import run_torchrun
 ROLLOUTS = "rollouts"
 POLICY = "policy"
 ROLLOUTS_CODE_VERSION = "rollouts-v1"
-POLICY_CODE_VERSION = "policy-v2"
+POLICY_CODE_VERSION = "policy-v3"
 ROLLOUTS_FILE = "rollouts.parquet"
+OPTIMIZER = "optimizer"  # a GRPO policy artifact's AdamW state, which the next iteration's update continues
 HELDOUT = "val"
 
 
@@ -246,9 +247,12 @@ def _grpo(plan: StagePlan, ctx: RunContext, cfg: RLConfig, policy_hf: str, refer
     store = ctx.store()
     rollouts = store.local_path(plan.input("rollouts")) / ROLLOUTS_FILE
     grpo = cfg.grpo.model_copy(update={"seed": plan.config["grpo"]["seed"]})
+    previous = store.local_path(plan.input("policy")) / OPTIMIZER if plan.input("policy").stage == POLICY else None
     spec = RLUpdateSpec(grpo=grpo, policy_dir=policy_hf, reference_dir=reference_hf if grpo.kl_coef > 0 else None,
                         rollouts_path=str(rollouts), out_dir=str(w.dir / "hf"), ckpt_dir=str(scratch / "checkpoints"),
-                        max_new_tokens=cfg.rollout.max_new_tokens)
+                        max_new_tokens=cfg.rollout.max_new_tokens,
+                        optimizer_in=str(previous) if previous is not None and previous.is_dir() else None,
+                        optimizer_out=str(w.dir / OPTIMIZER))
     t0 = time.monotonic()
     run_torchrun(spec, w.dir, grpo, ctx, run_id, POLICY, module="codemill.models.rl_update")
     summary = json.loads((w.dir / "hf" / SUMMARY).read_text())
