@@ -33,7 +33,7 @@ from codemill.data.minhash import ALGORITHM as NEAR_DEDUP_ALGORITHM
 from codemill.data.minhash import VERIFY_MARGIN as NEAR_DEDUP_VERIFY_MARGIN
 from codemill.data.minhash import optimal_bands
 from codemill.data.redact import PLACEHOLDERS, REDACTION
-from codemill.data.sources import READ, ChunkSpec, default_repo, plan_chunks, read_chunk, source_fingerprint
+from codemill.data.sources import READ, ChunkSpec, default_repo, iter_chunks, read_chunk, source_fingerprint
 from codemill.data.steps import ChunkContext, Processing, check_reasons, run_steps, step_of
 from codemill.hashing import digest_of
 
@@ -128,21 +128,20 @@ def work_chunk(spec: ChunkSpec, proc: Processing, cache: ChunkCache) -> ChunkRes
     return ChunkResult(key, reused, ledger, cands)
 
 
-ChunkMapper = Callable[[Callable[[ChunkSpec], ChunkResult], list[ChunkSpec]], Iterable[ChunkResult]]
+ChunkMapper = Callable[[Callable[[ChunkSpec], ChunkResult], Iterable[ChunkSpec]], Iterable[ChunkResult]]
 
 
 def thread_mapper(workers: int) -> ChunkMapper:
     """``map`` over ``workers`` threads, results in chunk order. Threads, not processes: a chunk's work runs in
     Polars (Rust) and numpy, which release the GIL, and a thread starts at once where a fresh process pays
     seconds of imports; chunks are pure functions of their input, so the output is the same for any count."""
-    def mapper(fn: Callable[[ChunkSpec], ChunkResult], items: list[ChunkSpec]) -> Iterator[ChunkResult]:
-        items = list(items)
-        if workers <= 1 or len(items) <= 1:
+    def mapper(fn: Callable[[ChunkSpec], ChunkResult], items: Iterable[ChunkSpec]) -> Iterator[ChunkResult]:
+        if workers <= 1:
             yield from map(fn, items)
             return
-        pool = ThreadPoolExecutor(min(workers, len(items)), thread_name_prefix="ingest-chunk")
+        pool = ThreadPoolExecutor(workers, thread_name_prefix="ingest-chunk")
         try:
-            yield from pool.map(fn, items)
+            yield from pool.map(fn, items)  # submits each chunk as ``items`` yields it
         finally:
             pool.shutdown(wait=True, cancel_futures=True)  # a failed chunk stops the rest
     return mapper
@@ -173,12 +172,13 @@ def run_ingest(cfg: IngestConfig, out_dir: Path, cache: ChunkCache | None = None
 
 def _run(cfg: IngestConfig, out_dir: Path, cache: ChunkCache, say: Callable[[str], None], mapper: ChunkMapper) -> dict:
     proc = prepare(cfg)
-    specs: list[ChunkSpec] = []
-    for i, src in enumerate(cfg.sources):
-        say(f"planning source {i}: {src.kind} {src.path or 'stdlib'}")
-        specs += plan_chunks(i, src, cfg.chunk_files)
-    say(f"processing {len(specs)} chunks")
-    results = list(mapper(partial(work_chunk, proc=proc, cache=cache), specs))
+    def specs() -> Iterator[ChunkSpec]:  # chunks go to the workers while the sources are still walked
+        for i, src in enumerate(cfg.sources):
+            say(f"chunks: planning source {i}: {src.kind} {src.path or 'stdlib'}")
+            yield from iter_chunks(i, src, cfg.chunk_files)
+
+    results = list(mapper(partial(work_chunk, proc=proc, cache=cache), specs()))
+    say(f"chunks: {len(results)} processed")
     ledger = pl.concat([r.ledger.with_columns(pl.lit(c, pl.Int32).alias("chunk"), pl.int_range(pl.len()).alias("row"))
                         for c, r in enumerate(results)], how="diagonal_relaxed") if results else _empty_ledger()
     ledger = ledger.with_row_index("rank").with_columns(pl.col("rank").cast(pl.Int64))

@@ -19,7 +19,7 @@ import json
 import os
 import sys
 import sysconfig
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -114,7 +114,7 @@ def table_files(src: SourceConfig) -> list[str]:
     return [p if protocol in ("file", "local") else f"{protocol}://{p}" for p in found]
 
 
-def _cut_points(paths: list[str], mean: int) -> Iterator[list[str]]:
+def _cut_points(paths: Iterable[str], mean: int) -> Iterator[list[str]]:
     chunk: list[str] = []
     for p in paths:
         chunk.append(p)
@@ -132,18 +132,29 @@ def folder_root(src: SourceConfig) -> str:
 
 
 def plan_chunks(index: int, src: SourceConfig, chunk_files: int) -> list[ChunkSpec]:
+    return list(iter_chunks(index, src, chunk_files))
+
+
+def iter_chunks(index: int, src: SourceConfig, chunk_files: int) -> Iterator[ChunkSpec]:
+    """``plan_chunks`` as the folder walk goes: each chunk as soon as its cut point is reached, so its work
+    can start while the rest of the tree is walked (the same chunks, in the same order)."""
     repo = default_repo(src)
     if src.kind == "folder":
         root = folder_root(src)
         commit = git_commit(root)
         walk = Rejections()
-        rels = [rel for rel, _ in iter_candidates(Path(root), list(src.include), list(src.exclude), on_error=walk,
-                                                  skip_dirs=list(src.skip_dirs))]
+        rels = (rel for rel, _ in iter_candidates(Path(root), list(src.include), list(src.exclude), on_error=walk,
+                                                  skip_dirs=list(src.skip_dirs)))
         opts = {"follow_external_symlinks": src.follow_external_symlinks}
-        specs = [ChunkSpec(index, "folder", root, repo, tuple(c), commit, opts) for c in _cut_points(rels, chunk_files)]
+        for c in _cut_points(rels, chunk_files):
+            yield ChunkSpec(index, "folder", root, repo, tuple(c), commit, opts)
         if walk.entries:
-            specs.append(ChunkSpec(index, "folder", root, repo, (), commit, rejected=tuple(walk.entries)))
-        return specs
+            yield ChunkSpec(index, "folder", root, repo, (), commit, rejected=tuple(walk.entries))
+        return
+    yield from _table_chunks(index, src, chunk_files, repo)
+
+
+def _table_chunks(index: int, src: SourceConfig, chunk_files: int, repo: str) -> list[ChunkSpec]:
     if src.kind in ("parquet", "jsonl"):
         specs = []
         for url in table_files(src):
