@@ -420,7 +420,10 @@ class RolloutConfig(StageConfig):
 class FinetuneConfig(StageConfig):
     """A short supervised fine-tune with the pipeline's trainer (rejection sampling, the warm start)."""
 
-    max_steps: int = Field(50, ge=0, description="Optimizer steps (0 = off).")
+    max_steps: int = Field(50, ge=0, description="Optimizer steps (0 = off); the cap when epochs is set.")
+    epochs: float | None = Field(None, gt=0, description="When set, the steps are this many passes over the packed "
+                                 "rows (rounded up, at most max_steps): rejection sampling's data grows and shrinks "
+                                 "with the pass rate, and a fixed step count would overfit a few passing samples.")
     lr: float = Field(1e-3, gt=0)
     warmup_steps: int = Field(5, ge=0)
     micro_batch_size: int = Field(8, gt=0)
@@ -436,8 +439,8 @@ class RLConfig(StageConfig):
     seed: int = Field(0, description="Seed of the problem order, the sampling and the updates.")
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     grpo: GRPOConfig = Field(default_factory=GRPOConfig)
-    rft: FinetuneConfig = Field(default_factory=FinetuneConfig, description="rft: the fine-tune on passing "
-                                "samples of each iteration.")
+    rft: FinetuneConfig = Field(default_factory=lambda: FinetuneConfig(epochs=2.0, lr=3e-4), description=(
+        "rft: the fine-tune on the passing samples of each iteration."))
     warm_start: FinetuneConfig = Field(default_factory=lambda: FinetuneConfig(max_steps=0), description=(
         "Before iteration 0: fine-tune on the train problems' reference solutions (0 steps = off)."))
     heldout_samples: int = Field(8, ge=1, description="Samples per val problem for the held-out pass rate of "

@@ -34,6 +34,13 @@ def iteration_problems(problem_ids: Sequence[str], per_iteration: int, seed: int
     return order[part * per:(part + 1) * per]
 
 
+def finetune_steps(max_steps: int, epochs: float | None, rows: int, rows_per_step: int) -> int:
+    """``max_steps``, or ``epochs`` passes over ``rows`` packed rows (rounded up, at least 1, at most max_steps)."""
+    if epochs is None:
+        return max_steps
+    return max(1, min(max_steps, math.ceil(epochs * rows / rows_per_step)))
+
+
 def passing_documents(rows: Iterable[dict], eos_ids: set[int]) -> list[list[int]]:
     """Rejection sampling's training documents: prompt ids + completion ids of every passing sample, exactly as
     sampled (re-encoding the text could merge tokens across the prompt boundary into ids the policy never

@@ -265,7 +265,7 @@ def _finetune(plan: StagePlan, ctx: RunContext, cfg: RLConfig, train: TrainConfi
     from transformers import AutoTokenizer
 
     from codemill.evals.rollout import read_rollouts
-    from codemill.models.rl_data import passing_documents, solution_documents, write_sft_tokens
+    from codemill.models.rl_data import finetune_steps, passing_documents, solution_documents, write_sft_tokens
     from codemill.models.trainer import TrainSpec
 
     store = ctx.store()
@@ -287,7 +287,10 @@ def _finetune(plan: StagePlan, ctx: RunContext, cfg: RLConfig, train: TrainConfi
     tokenizer.save_pretrained(str(scratch / "tokenizer" / "hf"))
     info = write_sft_tokens(docs, tokenizer, ft.seq_len, scratch / "tokens", seed=plan.config["train"]["seed"])
     tcfg = TrainConfig.model_validate({**train.model_dump(), **plan.config["train"], "init_from": policy_hf})
-    tcfg = tcfg.model_copy(update={k: getattr(train, k) for k in ("timeout_s", "log_every", "keep_checkpoints")})
+    steps = finetune_steps(ft.max_steps, ft.epochs, info["rows"], tcfg.micro_batch_size * tcfg.nproc_per_node)
+    tcfg = tcfg.model_copy(update={**{k: getattr(train, k) for k in ("timeout_s", "log_every", "keep_checkpoints")},
+                                   "max_steps": steps, "checkpoint_every": steps,
+                                   "warmup_steps": min(tcfg.warmup_steps, steps - 1)})
     spec = TrainSpec(train=tcfg, tokens_dir=str(scratch / "tokens" / "train"),
                      tokenizer_dir=str(scratch / "tokenizer"), out_dir=str(w.dir),
                      ckpt_dir=str(scratch / "checkpoints"),

@@ -8,7 +8,13 @@ import numpy as np
 import pytest
 
 from codemill.data.pack import open_token_shards
-from codemill.models.rl_data import iteration_problems, passing_documents, solution_documents, write_sft_tokens
+from codemill.models.rl_data import (
+    finetune_steps,
+    iteration_problems,
+    passing_documents,
+    solution_documents,
+    write_sft_tokens,
+)
 
 IDS = [f"p{i:02d}" for i in range(10)]
 
@@ -72,3 +78,10 @@ def test_fine_tune_shards_hold_every_document_and_pad_the_last_row(tmp_path: Pat
     assert stream[9:] == [0, 0, 0] and positions.reshape(-1)[9:].tolist() == [0, 0, 0]  # filler: own documents
     with pytest.raises(ValueError, match="no documents"):
         write_sft_tokens([], _Tok(), seq_len=4, out_dir=tmp_path / "empty", seed=0)
+
+
+def test_fine_tune_steps_follow_the_data_when_epochs_are_set() -> None:
+    assert finetune_steps(50, None, rows=3, rows_per_step=16) == 50
+    assert finetune_steps(50, 2.0, rows=40, rows_per_step=16) == 5  # ceil(80 / 16)
+    assert finetune_steps(50, 2.0, rows=1, rows_per_step=16) == 1
+    assert finetune_steps(4, 2.0, rows=400, rows_per_step=16) == 4  # capped
