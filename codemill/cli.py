@@ -108,9 +108,13 @@ def run(config: ConfigOpt = None, source: SourceOpt = None, preset: PresetOpt = 
     cfg = build_config(config, preset, source, store)
     _check_until(until)
     _prefect_defaults(cfg)
+    from codemill.flows.server import start_ephemeral_api_early
+
+    server_ready = start_ephemeral_api_early()  # boots while the flow modules import
     from codemill.flows.common import with_task_runner
     from codemill.flows.pipeline import pipeline
 
+    server_ready()
     t0 = time.perf_counter()
     with _progress():
         out = with_task_runner(pipeline, cfg)(config=cfg, until=until)
