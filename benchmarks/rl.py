@@ -9,7 +9,9 @@ an untrained policy fails every problem (a policy that passes some is given with
 
     python -m benchmarks.rl [--policy HF_DIR] [--problems 32] [--k 8] [--max-new-tokens 64] [--repeats 2]
                             [--nproc 2] [--parallelism ddp|fsdp] [--engine hf|vllm] [--device cpu|cuda]
-                            [--skip-rollout-comparison]
+                            [--size tiny|125m] [--skip-rollout-comparison]
+
+On a GPU machine: ``benchmarks/rl_gpu.sh`` (vLLM sampling, FSDP2 updates).
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from codemill.models.rl_update import SUMMARY, RLUpdateSpec
 def update_once(policy: str, rollouts: Path, work: Path, args: argparse.Namespace) -> tuple[float, dict]:
     """The GRPO update under torchrun, as the rl task launches it: wall seconds (start-up included) and metrics."""
     grpo = GRPOConfig(dynamic_sampling=False, lr=1e-4, micro_batch_size=8, nproc_per_node=args.nproc,
-                      parallelism=args.parallelism, device=args.device if args.device != "cpu" else "cpu")
+                      parallelism=args.parallelism, device=args.device)
     spec = RLUpdateSpec(grpo=grpo, policy_dir=policy, rollouts_path=str(rollouts), out_dir=str(work / "out"),
                         ckpt_dir=str(work / "ckpt"), max_new_tokens=args.max_new_tokens)
     work.mkdir(parents=True, exist_ok=True)
@@ -73,6 +75,8 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=max(1, usable_cpus() - 1),
                     help="torch threads while generating (one core left to the sandboxes, as the rl task does)")
+    ap.add_argument("--size", choices=("tiny", "125m"), default="tiny",
+                    help="the fresh policy's shape when --policy is not given (125m: benchmarks.gpu_train's)")
     ap.add_argument("--skip-rollout-comparison", action="store_true")
     args = ap.parse_args()
 
@@ -81,7 +85,14 @@ def main() -> None:
     if args.policy is None:
         from benchmarks.rl_rollout import tiny_policy
 
-        args.policy = tiny_policy(root / "policy")
+        if args.size == "tiny":
+            args.policy = tiny_policy(root / "policy")
+        else:
+            from benchmarks.gpu_train import SIZES
+            from codemill.models.build import scratch_policy
+
+            texts = [p.prompt + (p.reference_solution or "") for p in synthetic_problems(0, 200)]
+            args.policy = scratch_policy(root / "policy", texts, 1000, SIZES[args.size], max_len=1024)
     policy = str(args.policy)
     engine: RolloutEngine = (HFEngine(policy, device=args.device, rows_per_forward=args.batch_problems * args.k)
                              if args.engine == "hf" else VLLMEngine(policy))
