@@ -443,6 +443,10 @@ class RLConfig(StageConfig):
         "rft: the fine-tune on the passing samples of each iteration."))
     warm_start: FinetuneConfig = Field(default_factory=lambda: FinetuneConfig(max_steps=0), description=(
         "Before iteration 0: fine-tune on the train problems' reference solutions (0 steps = off)."))
+    warm_start_share: float = Field(1.0, gt=0, le=1, description=(
+        "Share of the train problems (a seeded choice) whose references the warm start sees. Below 1, RL also "
+        "samples problems the policy was never shown solved: groups there have mixed rewards, where problems "
+        "the warm start taught are mostly all-pass groups that dynamic sampling drops."))
     heldout_samples: int = Field(8, ge=1, description="Samples per val problem for the held-out pass rate of "
                                  "the starting and the final policy (paired, per problem).")
 

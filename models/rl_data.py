@@ -7,6 +7,7 @@ NeMo-RL report resumes that silently skipped prompts, ``../shared/notes/rl.md``)
 
 from __future__ import annotations
 
+import hashlib
 import math
 import random
 from collections.abc import Iterable, Sequence
@@ -32,6 +33,13 @@ def iteration_problems(problem_ids: Sequence[str], per_iteration: int, seed: int
     order = list(ids)
     random.Random(f"{seed}:{epoch}").shuffle(order)
     return order[part * per:(part + 1) * per]
+
+
+def seeded_share(ids: Sequence[str], share: float, seed: int) -> list[str]:
+    """``share`` of ``ids`` (rounded, at least one), chosen by a seeded hash: the same ids for the same inputs,
+    whatever order they come in."""
+    ranked = sorted(set(ids), key=lambda i: hashlib.sha256(f"{seed}:{i}".encode()).hexdigest())
+    return sorted(ranked[:max(1, round(share * len(ranked)))])
 
 
 def finetune_steps(max_steps: int, epochs: float | None, rows: int, rows_per_step: int) -> int:

@@ -92,7 +92,8 @@ def plan_warm_start(cfg: RLConfig, train: TrainConfig, policy: ArtifactRef, prob
     """``policy`` fine-tuned on the train problems' reference solutions (before iteration 0)."""
     ft = finetune_train_config(train, cfg.warm_start, cfg.seed)
     return StagePlan(stage=POLICY, name="warm-start", code_version=POLICY_CODE_VERSION,
-                     config={"algorithm": "sft", "train": ft.digest_config(), "seq_len": cfg.warm_start.seq_len},
+                     config={"algorithm": "sft", "train": ft.digest_config(), "seq_len": cfg.warm_start.seq_len,
+                             "share": cfg.warm_start_share},
                      inputs={"policy": policy, "problems": problems})
 
 
@@ -265,7 +266,13 @@ def _finetune(plan: StagePlan, ctx: RunContext, cfg: RLConfig, train: TrainConfi
     from transformers import AutoTokenizer
 
     from codemill.evals.rollout import read_rollouts
-    from codemill.models.rl_data import finetune_steps, passing_documents, solution_documents, write_sft_tokens
+    from codemill.models.rl_data import (
+        finetune_steps,
+        passing_documents,
+        seeded_share,
+        solution_documents,
+        write_sft_tokens,
+    )
     from codemill.models.trainer import TrainSpec
 
     store = ctx.store()
@@ -278,8 +285,10 @@ def _finetune(plan: StagePlan, ctx: RunContext, cfg: RLConfig, train: TrainConfi
         docs = passing_documents(rows, {tokenizer.eos_token_id})
     else:
         data = plan.input("problems")
-        docs = solution_documents([(p.prompt, p.reference_solution) for p in _problems(store, data, "train")
-                                   if p.reference_solution], tokenizer)
+        solved = [p for p in _problems(store, data, "train") if p.reference_solution]
+        shown = set(seeded_share([p.problem_id for p in solved], plan.config["share"], cfg.seed))
+        docs = solution_documents([(p.prompt, p.reference_solution or "") for p in solved if p.problem_id in shown],
+                                  tokenizer)
     t0 = time.monotonic()
     if not docs or ft.max_steps == 0:  # nothing passed: the policy goes on unchanged, and the manifest says so
         shutil.copytree(policy_hf, w.dir / "hf")

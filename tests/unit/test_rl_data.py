@@ -12,6 +12,7 @@ from codemill.models.rl_data import (
     finetune_steps,
     iteration_problems,
     passing_documents,
+    seeded_share,
     solution_documents,
     write_sft_tokens,
 )
@@ -85,3 +86,11 @@ def test_fine_tune_steps_follow_the_data_when_epochs_are_set() -> None:
     assert finetune_steps(50, 2.0, rows=40, rows_per_step=16) == 5  # ceil(80 / 16)
     assert finetune_steps(50, 2.0, rows=1, rows_per_step=16) == 1
     assert finetune_steps(4, 2.0, rows=400, rows_per_step=16) == 4  # capped
+
+
+def test_seeded_share_is_a_stable_subset() -> None:
+    half = seeded_share(IDS, 0.5, seed=3)
+    assert len(half) == 5 and set(half) <= set(IDS)
+    assert seeded_share(list(reversed(IDS)), 0.5, seed=3) == half  # the order given does not matter
+    assert seeded_share(IDS, 0.5, seed=4) != half
+    assert seeded_share(IDS, 1.0, seed=3) == IDS and len(seeded_share(IDS, 0.01, seed=3)) == 1
