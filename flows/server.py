@@ -22,12 +22,14 @@ def start_ephemeral_api_early() -> Callable[[], None]:
 
     if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
         return lambda: None  # a configured server, or none allowed: Prefect decides at the first call as usual
+    # Imported here, not on the thread: the thread then only waits on the subprocess, and this import does not
+    # share the interpreter with the flows' imports (it would finish, and the boot begin, seconds later).
+    from prefect.server.api.server import SubprocessASGIServer
+
     errors: list[BaseException] = []
 
     def start() -> None:
         try:
-            from prefect.server.api.server import SubprocessASGIServer
-
             SubprocessASGIServer().start()
         except BaseException as e:  # handed to the caller by wait()
             errors.append(e)
