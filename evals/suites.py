@@ -13,21 +13,19 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import polars as pl
-import torch
 
 from codemill.config import EvalConfig
 from codemill.data.corpus import read_split
 from codemill.evals import completion as comp
 from codemill.evals import humaneval as he
-from codemill.evals.bpb import bits_per_byte, file_nll, nats_to_bits
 from codemill.evals.gate import ItemScores
-from codemill.evals.generate import SamplingParams, generate
 from codemill.evals.problems import ExecProblem
 from codemill.evals.sandbox import Limits
 from codemill.evals.sandbox.judge_pool import JudgePool
 from codemill.evals.stats import bootstrap_ratio_ci
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # torch and the model code load only when a model is evaluated, not on a no-change rerun
+    import torch
     from transformers import PreTrainedTokenizerBase
 
 SUITE_VERSIONS = {"bpb": "eval-bpb-v2", "completion": comp.COMPLETION_CODE_VERSION,
@@ -47,6 +45,7 @@ class EvalModel:
 
 
 def load_eval_model(hf_dir: Path, device: torch.device | None = None) -> EvalModel:
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -73,6 +72,8 @@ def _ci(values: np.ndarray, weights: np.ndarray, clusters: np.ndarray, cfg: Eval
 
 # --- bpb ------------------------------------------------------------------------------------------------
 def run_bpb(m: EvalModel, val: pl.DataFrame, clusters: list[str], cfg: EvalConfig) -> tuple[pl.DataFrame, dict]:
+    from codemill.evals.bpb import bits_per_byte, file_nll, nats_to_bits
+
     texts = val["content"].to_list()
     ids = m.tokenizer(texts, add_special_tokens=False)["input_ids"]
     nll = file_nll(m.model, ids, bos_id=m.bos_id, pad_id=m.tokenizer.pad_token_id,
@@ -91,6 +92,8 @@ def run_bpb(m: EvalModel, val: pl.DataFrame, clusters: list[str], cfg: EvalConfi
 # --- completion -----------------------------------------------------------------------------------------
 def run_completion(m: EvalModel, val: pl.DataFrame, clusters: list[str],
                    cfg: EvalConfig) -> tuple[pl.DataFrame, dict]:
+    from codemill.evals.generate import SamplingParams, generate
+
     sc = cfg.completion
     files = [(f"{r}/{p}", c, t) for r, p, c, t in zip(val["repo"], val["path"], clusters, val["content"],
                                                       strict=True)][: sc.max_files or None]
@@ -121,6 +124,8 @@ def humaneval_pool(cfg: EvalConfig) -> JudgePool:
 
 def humaneval_samples(m: EvalModel, problems: dict[str, ExecProblem], cfg: EvalConfig) -> list[dict]:
     """Greedy (mode=greedy) and sampled (mode=sampled) completions, generation kept apart from execution."""
+    from codemill.evals.generate import SamplingParams, generate
+
     h = cfg.humaneval
     out: list[dict] = []
     base = SamplingParams(max_new_tokens=h.max_new_tokens, stop=he.STOP_SEQUENCES)

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import torch
 from prefect import get_run_logger
 
 from codemill import progress
@@ -110,6 +109,8 @@ def evaluate_suite_task(plan: StagePlan, ctx: RunContext, cfg: EvalConfig, model
         rows.write_parquet(w.path(suites.rows_file(suite)))
         logger.info("evaluate %s: %s", suite, metrics_of(summary))
         return w.finish({**summary, "suite": suite, "model_id": model.model_id})
+
+    import torch  # here, not at the top: a no-change rerun only plans and skips, and torch takes seconds to load
 
     data = logged_dataset(suite, plan.input("data"))
     gpus = 1 if torch.cuda.is_available() and not samples_file else 0  # suites.load_eval_model's device

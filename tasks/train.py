@@ -16,7 +16,6 @@ from codemill import tags as T
 from codemill.config import GRPOConfig, TrainConfig
 from codemill.lineage import Lineage
 from codemill.models.launch import run_streaming, threads_per_rank, torchrun_command
-from codemill.models.trainer import STACK_DUMP_ENV, TrainSpec
 from codemill.plan import StagePlan
 from codemill.store import ArtifactRef, ArtifactStore, ArtifactWriter, Manifest
 from codemill.tasks.common import RunContext, StageResult, run_stage, stage_task
@@ -59,6 +58,8 @@ def train_task(plan: StagePlan, ctx: RunContext, cfg: TrainConfig) -> StageResul
     ref, tokens, tokenizer = store.ref_for(plan), plan.input("tokens"), plan.input("tokenizer")
 
     def produce(w: ArtifactWriter, run_id: str) -> Manifest:
+        from codemill.models.trainer import TrainSpec  # torch + transformers: only when a model is trained
+
         tok_dir = store.local_path(tokens)
         tok_stats = store.read_manifest(tokens).stats
         ckpt_dir = Path(ctx.work_dir).absolute() / "train" / f"{ref.name}-{ref.short}" / "checkpoints"
@@ -86,6 +87,8 @@ def run_torchrun(spec: BaseModel, out_dir: Path, cfg: TrainConfig | GRPOConfig, 
                  stage: str, module: str = "codemill.models.trainer") -> None:
     """``module`` under torchrun with ``spec`` as its JSON argument (written beside ``out_dir``, removed after),
     rank 0 logging to the stage's MLflow run, its step lines shown as progress."""
+    from codemill.models.common import STACK_DUMP_ENV  # imports torch: only when something is trained
+
     logger = get_run_logger()
     spec_path = out_dir.parent / f"{out_dir.name}.spec.json"
     spec_path.write_text(spec.model_dump_json())
