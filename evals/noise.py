@@ -33,7 +33,6 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
-from scipy import stats as st
 
 # Differences smaller than these are "no difference" when the champion's config was never calibrated: about
 # twice the SD of the difference of two seeds (sqrt(2) x the seed SD) measured on the tiny preset (val_bpb: seed
@@ -107,11 +106,15 @@ def satterthwaite_df(item_se: float, seed_var: float, n_seeds: int) -> float:
 
 
 def t_quantile(p: float, df: float) -> float:
+    from scipy import stats as st  # here: scipy.stats takes ~1 s to import and a no-change rerun never tests
+
     return float(st.norm.ppf(p)) if math.isinf(df) else float(st.t.ppf(p, df))
 
 
 def t_sf(x: float, df: float) -> float:
     """P(T > x); the standard normal when df is infinite."""
+    from scipy import stats as st
+
     return float(st.norm.sf(x)) if math.isinf(df) else float(st.t.sf(x, df))
 
 
