@@ -109,6 +109,9 @@ def artifact_tree(reader: LineageReader, store: ArtifactStore, digest: str, expe
         children = [_problem_source(problem_sources[d]) if name.startswith("source.") and d in problem_sources
                     else artifact_tree(reader, store, d, experiment_ids, seen, role=name)
                     for name, d in m.inputs.items()]
+        if m.stage == "problems":  # generated sources have no file to fingerprint: their config is the source
+            children += [node("source", f"synthetic seed={src.get('seed')} count={src.get('count')}", src)
+                         for src in m.config.get("sources", []) if src.get("kind") == "synthetic"]
     return node(role or m.stage, title, attrs, children)
 
 

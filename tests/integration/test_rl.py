@@ -135,7 +135,7 @@ def test_grpo_flow_resumes_after_a_kill_and_traces_its_checkpoint(rl_root: Path)
     assert lineage.returncode == 0, lineage.stderr[-3000:]
     text = lineage.stdout
     for expected in ("rollouts:it003", "policy:grpo-it002", "rollouts:it000", "policy:warm-start", "problems:problems",
-                     "weights outside the store", "synthetic"):
+                     "weights outside the store", "synthetic seed=0 count=300"):
         assert expected in text, expected
 
 
