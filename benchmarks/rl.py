@@ -57,7 +57,7 @@ def update_once(policy: str, rollouts: Path, work: Path, args: argparse.Namespac
     wall = time.perf_counter() - t0
     if r.returncode != 0:
         raise SystemExit(f"the update failed:\n{(r.stdout + r.stderr)[-3000:]}")
-    return wall, json.loads((work / "out" / SUMMARY).read_text())
+    return wall, json.loads((work / "out" / SUMMARY).read_text())["metrics"]
 
 
 def main() -> None:
