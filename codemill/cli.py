@@ -187,29 +187,40 @@ def problems(config: ConfigOpt = None, preset: PresetOpt = None, store: StoreOpt
     """Build the executable problem set (``problems`` in the config): read its sources, verify references in the
     sandbox, deduplicate, decontaminate, split; print the counts per source and step."""
     cfg = build_config(config, preset, None, store)
-    from codemill.data.sources import SourceError
-    from codemill.evals.problem_sets import ProblemFileError, fingerprint_problem_sources
 
-    try:  # a missing file or bucket is one line, before anything starts
-        fingerprint_problem_sources(cfg.problems)
-    except (SourceError, ProblemFileError) as e:
-        _fail([str(e)])
-    _prefect_defaults(cfg)
-    from codemill.flows.problems import problems as problems_flow
+    def start():
+        from codemill.flows.problems import problems as problems_flow
 
-    t0 = time.perf_counter()
-    try:
-        with _progress():
-            out = problems_flow(config=cfg)
-    except (SourceError, ProblemFileError) as e:  # a malformed line or file: named, and nothing committed
-        _fail([str(e)])
+        return problems_flow(config=cfg)
+
+    out, wall_s = _run_on_problem_sources(cfg, start)
     result = out["stages"]["problems"]
     if as_json:
         import json
 
         typer.echo(json.dumps(result, indent=2))
         return
-    print_problem_counts(result, time.perf_counter() - t0)
+    print_problem_counts(result, wall_s)
+
+
+def _run_on_problem_sources(cfg: PipelineConfig, start, also: tuple[type[Exception], ...] = ()) -> tuple[dict, float]:
+    """A flow that reads ``cfg.problems``: a missing file or bucket is one line before anything starts; a
+    malformed line or file (or one of ``also``) is named after the flow stopped, and nothing is committed."""
+    from codemill.data.sources import SourceError
+    from codemill.evals.problem_sets import ProblemFileError, fingerprint_problem_sources
+
+    try:
+        fingerprint_problem_sources(cfg.problems)
+    except (SourceError, ProblemFileError) as e:
+        _fail([str(e)])
+    _prefect_defaults(cfg)
+    t0 = time.perf_counter()
+    try:
+        with _progress():
+            out = start()
+    except (SourceError, ProblemFileError, *also) as e:
+        _fail([str(e)])
+    return out, time.perf_counter() - t0
 
 
 @app.command()
@@ -229,28 +240,19 @@ def rl(config: ConfigOpt = None, preset: PresetOpt = None, store: StoreOpt = Non
             cfg = cfg.model_copy(update={"rl": cfg.rl.model_validate({**cfg.rl.model_dump(), **overrides})})
         except ValueError as e:
             _fail([f"--{next(iter(overrides))}: {e}"])
-    from codemill.data.sources import SourceError
-    from codemill.evals.problem_sets import ProblemFileError, fingerprint_problem_sources
 
-    try:
-        fingerprint_problem_sources(cfg.problems)
-    except (SourceError, ProblemFileError) as e:
-        _fail([str(e)])
-    _prefect_defaults(cfg)
-    from codemill.flows.rl import rl as rl_flow
+    def start():
+        from codemill.flows.rl import rl as rl_flow
 
-    t0 = time.perf_counter()
-    try:
-        with _progress():
-            out = rl_flow(config=cfg, model=model)
-    except (SourceError, ProblemFileError, FileNotFoundError) as e:
-        _fail([str(e)])
+        return rl_flow(config=cfg, model=model)
+
+    out, wall_s = _run_on_problem_sources(cfg, start, also=(FileNotFoundError,))  # FileNotFoundError: --model
     if as_json:
         import json
 
         typer.echo(json.dumps(out, indent=2, default=str))
         return
-    print_rl_summary(out, time.perf_counter() - t0)
+    print_rl_summary(out, wall_s)
 
 
 def print_rl_summary(out: dict, wall_s: float) -> None:

@@ -160,3 +160,21 @@ def mlflow_server(tmp_path: Path):
     server = MlflowServer(tmp_path / "mlflow-server").start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Torch on one thread for a module (``pytestmark = pytest.mark.usefixtures("one_torch_thread")``): on a
+    shared 2-core machine two spinning OpenMP threads make a tiny model's small ops about 10x slower."""
+    from tests.tiny_policy import torch_threads
+
+    with torch_threads(1):
+        yield
+
+
+@pytest.fixture(scope="module")
+def policy(tmp_path_factory) -> Path:
+    """A tiny untrained policy folder (HF model + tokenizer) for a module's rollout tests."""
+    from tests.tiny_policy import make_policy
+
+    return make_policy(tmp_path_factory.mktemp("policy"))

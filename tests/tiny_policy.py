@@ -31,3 +31,4 @@ def torch_threads(n: int) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
+

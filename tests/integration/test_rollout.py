@@ -21,9 +21,9 @@ from codemill.evals.rollout import collect_rollouts, judge, read_rollouts, write
 from codemill.evals.sandbox import Limits, SandboxUnavailable
 from codemill.evals.sandbox.judge_pool import JudgePool
 from codemill.evals.synthetic import synthetic_problems
-from tests.tiny_policy import make_policy, torch_threads
 
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
+pytestmark = [pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed"),
+              pytest.mark.usefixtures("one_torch_thread")]
 
 PROBLEMS = synthetic_problems(5, 4)
 LIMITS = Limits(wall_s=3.0, cpu_s=2, memory_bytes=256 << 20)
@@ -54,17 +54,6 @@ class ScriptedEngine:
 
     def load_weights(self, hf_dir: str | Path) -> None:
         self.hf.load_weights(hf_dir)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_torch_thread():
-    with torch_threads(1):
-        yield
-
-
-@pytest.fixture(scope="module")
-def policy(tmp_path_factory) -> Path:
-    return make_policy(tmp_path_factory.mktemp("policy"))
 
 
 @pytest.fixture(scope="module")

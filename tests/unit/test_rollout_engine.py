@@ -3,8 +3,6 @@ and token ids alike, finish reasons, determinism independent of batching, weight
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -19,21 +17,12 @@ from codemill.evals.engines import (
 )
 from codemill.evals.rollout import ROLLOUT_SCHEMA, RolloutsSchemaError, read_rollouts, write_rollouts
 from codemill.evals.synthetic import synthetic_problems
-from tests.tiny_policy import make_policy, torch_threads
+from tests.tiny_policy import make_policy
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 PROMPTS = [p.prompt for p in synthetic_problems(3, 6)]
 SEEDS = [11, 12, 13, 14, 15, 16]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_torch_thread():
-    with torch_threads(1):
-        yield
-
-
-@pytest.fixture(scope="module")
-def policy(tmp_path_factory) -> Path:
-    return make_policy(tmp_path_factory.mktemp("policy"))
 
 
 @pytest.fixture(scope="module")
