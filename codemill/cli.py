@@ -214,11 +214,12 @@ def _run_on_problem_sources(cfg: PipelineConfig, start, also: tuple[type[Excepti
     except (SourceError, ProblemFileError) as e:
         _fail([str(e)])
     _prefect_defaults(cfg)
+    named: tuple[type[Exception], ...] = (SourceError, ProblemFileError, *also)
     t0 = time.perf_counter()
     try:
         with _progress():
             out = start()
-    except (SourceError, ProblemFileError, *also) as e:
+    except named as e:
         _fail([str(e)])
     return out, time.perf_counter() - t0
 

@@ -24,7 +24,7 @@ from codemill.config import PipelineConfig
 from codemill.flows.artifacts import publish_png
 from codemill.flows.common import eval_results, execute, flow_result, flow_run_url, open_flow_run
 from codemill.flows.evaluate import evaluate_resolved, gate_against_champion, latest_corpus
-from codemill.flows.hooks import record_failure_on_mlflow, tag_current_flow_run
+from codemill.flows.hooks import config_of, record_failure_on_mlflow, tag_current_flow_run
 from codemill.flows.plan import Step, plan_pipeline
 from codemill.flows.problems import plan_problem_steps
 from codemill.lineage import Registry
@@ -117,9 +117,9 @@ def iteration_table(stages: dict[str, StageResult], iterations: int) -> list[dic
 
 
 def _run_name() -> str:
-    algorithm = flow_run.parameters.get("config", PipelineConfig()).rl.algorithm \
-        if isinstance(flow_run.parameters.get("config"), PipelineConfig) else "rl"
-    return f"rl-{algorithm}-{datetime.now(UTC):%Y%m%d-%H%M%S}"
+    """``<experiment>-rl-<algorithm>-<UTC date-time>`` (a deployment run passes the config as a dict)."""
+    cfg = config_of(flow_run.parameters)
+    return f"{cfg.name}-rl-{cfg.rl.algorithm}-{datetime.now(UTC):%Y%m%d-%H%M%S}"
 
 
 @flow(name="rl", flow_run_name=_run_name, persist_result=True, log_prints=True,
