@@ -35,6 +35,7 @@ from codemill.tasks.problems import fingerprint_problem_sources_task, needs_corp
 from codemill.tasks.resolve_model import ResolvedModel, resolve_model, trained_model
 from codemill.tasks.rl import (
     HELDOUT,
+    ROLLOUTS_FILE,
     plan_rollouts,
     plan_update,
     plan_warm_start,
@@ -146,8 +147,8 @@ def rl(config: PipelineConfig = PipelineConfig(), model: str | None = None) -> d
         final_key = f"update:{config.rl.iterations - 1}"
         final = ResolvedModel(ref=stages[final_key].ref, hf_dir=policy_dir(store, stages[final_key].ref),
                               model_id=stages[final_key].model_id or "")
-        before = read_rollouts(store.local_path(stages[HELDOUT_BEFORE].ref) / "rollouts.parquet").to_pylist()
-        after = read_rollouts(store.local_path(stages[HELDOUT_AFTER].ref) / "rollouts.parquet").to_pylist()
+        before = read_rollouts(store.local_path(stages[HELDOUT_BEFORE].ref) / ROLLOUTS_FILE).to_pylist()
+        after = read_rollouts(store.local_path(stages[HELDOUT_AFTER].ref) / ROLLOUTS_FILE).to_pylist()
         heldout = compare_pass_rates(before, after)
         corpus = latest_corpus(store)
         evals = evaluate_resolved(ctx, store, config, final, corpus) if config.evaluate.suites else {}

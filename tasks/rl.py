@@ -27,7 +27,7 @@ from codemill.lineage import Lineage
 from codemill.plan import StagePlan
 from codemill.store import ArtifactRef, ArtifactStore, ArtifactWriter, Manifest
 from codemill.tasks.common import RunContext, StageResult, run_stage, stage_task
-from codemill.tasks.train import run_torchrun
+from codemill.tasks.train import on_cuda, run_torchrun
 
 ROLLOUTS = "rollouts"
 POLICY = "policy"
@@ -109,10 +109,7 @@ def _problems(store: ArtifactStore, ref: ArtifactRef, split: str):
 
 
 def _device(cfg: RLConfig) -> str:
-    import torch
-
-    want = cfg.grpo.device
-    return "cuda" if want == "cuda" or (want == "auto" and torch.cuda.is_available()) else "cpu"
+    return "cuda" if on_cuda(cfg.grpo.device) else "cpu"
 
 
 def sample_and_judge(cfg: RLConfig, problems: list, policy_hf: str, seed: int, k: int, ray_address: str | None,

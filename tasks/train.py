@@ -107,12 +107,16 @@ def run_torchrun(spec: BaseModel, out_dir: Path, cfg: TrainConfig | GRPOConfig, 
         spec_path.unlink(missing_ok=True)
 
 
-def _gpus(cfg: TrainConfig) -> int:
-    """GPUs this node's ranks hold (one each) when training runs on CUDA."""
+def on_cuda(device: str) -> bool:
+    """Whether a stage configured with ``device`` (auto | cpu | cuda) runs on CUDA here."""
     import torch
 
-    on_gpu = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
-    return cfg.nproc_per_node if on_gpu else 0
+    return device == "cuda" or (device == "auto" and torch.cuda.is_available())
+
+
+def _gpus(cfg: TrainConfig) -> int:
+    """GPUs this node's ranks hold (one each) when training runs on CUDA."""
+    return cfg.nproc_per_node if on_cuda(cfg.device) else 0
 
 
 def _on_trainer_line(logger, line: str, stage: str) -> None:
