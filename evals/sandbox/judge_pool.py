@@ -56,6 +56,8 @@ class Judged:
         died = self.candidate.get("ended_by") == "itself" and self.candidate.get("signal") is not None
         if self.outcome is Outcome.KILLED_MEMORY or died:
             return "killed"
+        if self.kind == "server_killed":
+            return "killed"
         if self.kind == "candidate_gone":
             return "exited"
         if self.kind in ("no_verdict", "judge_error", "bad_data"):
@@ -225,7 +227,13 @@ def _label(verdict: dict[str, Any] | None, host_kind: str, cand: dict[str, Any],
            cpu_limit_s: float) -> Judged:
     """The sample's outcome. Only a judge verdict of kind "passed" with passed=True is a pass. A candidate
     killed by SIGXCPU, or by SIGKILL once it used its CPU seconds (the hard limit), ran out of time; one that
-    was SIGKILLed earlier was killed (by itself, or by the memory limit's OOM path)."""
+    was SIGKILLed earlier was killed (by itself, or by the memory limit's OOM path). A sample whose candidate
+    server died under it fails whatever the judge saw: only the sample's own code (or what it left running) can
+    kill that server, and whether its answers got out before the sandbox came down with the server is a race,
+    so a verdict either way would be noise."""
+    if cand.get("server_died"):
+        return Judged(Outcome.FAILED, False, 0.0, "server_killed",
+                      "the candidate's sandbox server died during the sample", duration, cand)
     if verdict is None:
         kind = host_kind or "no_verdict"
         outcome = Outcome.TIMED_OUT if kind == "timed_out" else Outcome.FAILED

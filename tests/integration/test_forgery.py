@@ -598,10 +598,9 @@ CROSS_SAMPLE = {
     "fork_bomb": body("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"),
 }
 # How each attack itself may end under the judge harness ("failed": it loaded and did everything it meant to).
-# kill(-1) also kills the candidate's own server (same uid); its sandbox ends with it and takes the
-# candidate with it: whether its wrong answer got out first is a race, so either ending is right.
+# kill(-1) also kills the candidate's own server (same uid), which fails the sample whatever it answered.
 CROSS_SAMPLE_KIND = {"lingering_process": ("failed",), "leave_files_ipc_keys_mqueues": ("failed",),
-                     "kill_every_process": ("failed", "candidate_gone"), "fork_bomb": ("timed_out",)}
+                     "kill_every_process": ("server_killed",), "fork_bomb": ("timed_out",)}
 
 
 @pytest.mark.parametrize("name", list(CROSS_SAMPLE))

@@ -80,13 +80,17 @@ def test_a_sandbox_that_cannot_start_fails_closed():
 
 
 def test_a_dead_server_is_replaced_and_the_batch_completes(pool):
-    """A candidate that kills its own fork server (its parent in the sandbox) still gets its own answer judged,
-    the server is replaced, and the samples after it are judged as usual."""
+    """A candidate that kills its own fork server (its parent in the sandbox) fails, right answer or not (whether
+    the answer got out before the sandbox came down is a race, so the verdict must not depend on it), is counted
+    as killed, the server is replaced, and the samples after it are judged as usual."""
     kill_server = "    import os, signal\n    os.kill(os.getppid(), signal.SIGKILL)\n    return {answer}\n"
     before = pool.restarts
     batch = score(PROBLEMS, [("neg", kill_server.format(answer="-x")), ("neg", "    return -x\n"),
                              ("neg", kill_server.format(answer="x")), ("neg", "    return x\n")] * 2, pool)
-    assert [r.passed for r in batch.rewards] == [True, True, False, False] * 2
+    assert [r.passed for r in batch.rewards] == [False, True, False, False] * 2
+    assert [r.outcome for r in batch.rewards] == ["failed"] + ["passed"] + ["failed"] * 2 + ["failed"] + [
+        "passed"] + ["failed"] * 2
+    assert batch.suspicious == {"killed": 4}
     assert pool.restarts >= before + 4
 
 
