@@ -16,9 +16,13 @@ SPECIAL_TOKENS = [EOS_TOKEN, PAD_TOKEN, *FIM_TOKENS]
 
 
 def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int,
-              special_tokens: list[str] | None = None) -> Tokenizer:
+              special_tokens: list[str] | None = None, split_digits: bool = False) -> Tokenizer:
+    """``split_digits``: every digit its own token (as StarCoder's and Llama's tokenizers do), so a number reads
+    the same wherever it stands ("_55" and " 55" share the tokens of "55") and copying it is copying tokens."""
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.pre_tokenizer = (pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+                         if split_digits else byte_level)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size, min_frequency=min_frequency,

@@ -62,13 +62,13 @@ def use_attention(model: Any, device: torch.device, document_masking: bool) -> s
 
 
 def scratch_policy(out: Path, texts: Sequence[str], vocab_size: int, model: ModelConfig, max_len: int = 512,
-                   seed: int = 0) -> Path:
+                   seed: int = 0, split_digits: bool = False) -> Path:
     """``out/hf``: a randomly initialised model and a BPE tokenizer trained on ``texts``, in the layout a train
     artifact exports (what the RL flow, the evaluation and the benchmarks load as a policy)."""
     from codemill.data.tokenizer import EOS_TOKEN, PAD_TOKEN, save_tokenizer, train_bpe
     from codemill.models.trainer import write_export
 
-    tok = train_bpe(texts, vocab_size, min_frequency=2)
+    tok = train_bpe(texts, vocab_size, min_frequency=2, split_digits=split_digits)
     save_tokenizer(tok, out / "tok")
     eos, pad = tok.token_to_id(EOS_TOKEN), tok.token_to_id(PAD_TOKEN)
     assert eos is not None and pad is not None  # train_bpe adds both as special tokens

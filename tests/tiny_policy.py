@@ -7,7 +7,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 
-def make_policy(root: Path, seed: int = 0, vocab_size: int = 400, max_len: int = 512, model_config=None) -> Path:
+def make_policy(root: Path, seed: int = 0, vocab_size: int = 400, max_len: int = 512, model_config=None,
+                split_digits: bool = False) -> Path:
     """``root/hf``: an untrained model whose samples are varied (random weights) and end on EOS now and then.
     ``model_config`` (a ModelConfig) defaults to a 2-layer, 64-wide model."""
     from codemill.config import ModelConfig
@@ -16,7 +17,7 @@ def make_policy(root: Path, seed: int = 0, vocab_size: int = 400, max_len: int =
 
     texts = [p.prompt + (p.reference_solution or "") for p in synthetic_problems(0, 60)]
     small = ModelConfig(hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2)
-    return scratch_policy(root, texts, vocab_size, model_config or small, max_len, seed)
+    return scratch_policy(root, texts, vocab_size, model_config or small, max_len, seed, split_digits)
 
 
 @contextlib.contextmanager
@@ -32,3 +33,41 @@ def torch_threads(n: int) -> Iterator[None]:
     finally:
         torch.set_num_threads(before)
 
+
+
+def pretrain_policy(policy: Path, out: Path, pairs: list[tuple[str, str]], steps: int, lr: float = 3e-3,
+                    batch: int = 32, seed: int = 0) -> Path:
+    """``out``: ``policy`` trained for ``steps`` AdamW steps (warmup, cosine to 0.1 lr) on (prompt, completion)
+    documents, each encoded in two parts as a rollout sees them and ended by EOS. A plain loop: this stands for
+    the pretraining a base model had before the pipeline met it, not for anything the pipeline does."""
+    import math
+    import random
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from codemill.models.rl_data import solution_documents
+
+    tok = AutoTokenizer.from_pretrained(str(policy))
+    model = AutoModelForCausalLM.from_pretrained(str(policy))
+    docs = [d + [tok.eos_token_id] for d in solution_documents(pairs, tok)]
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1, betas=(0.9, 0.95))
+    for step in range(steps):
+        warm = min(1.0, (step + 1) / 5)
+        for group in opt.param_groups:
+            group["lr"] = lr * warm * (0.1 + 0.45 * (1 + math.cos(math.pi * step / steps)))
+        chosen = [docs[i] for i in rng.sample(range(len(docs)), min(batch, len(docs)))]
+        width = max(map(len, chosen))
+        ids = torch.tensor([d + [tok.pad_token_id] * (width - len(d)) for d in chosen])
+        labels = torch.tensor([d + [-100] * (width - len(d)) for d in chosen])
+        loss = model(input_ids=ids, attention_mask=(labels != -100).long(), labels=labels).loss
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(out))
+    tok.save_pretrained(str(out))
+    return out

@@ -48,6 +48,16 @@ def test_bpe_is_lossless_and_has_eos():
         assert tok.decode(tok.encode(t, add_special_tokens=False).ids) == t
 
 
+def test_split_digits_gives_every_digit_its_own_token_and_stays_lossless():
+    texts = ["def add_55(x):\n    return x + 55  # 2024-12-04 0.5\n"] * 40
+    merged = train_bpe(texts, vocab_size=300, min_frequency=2)
+    split = train_bpe(texts, vocab_size=300, min_frequency=2, split_digits=True)
+    assert any(len(t.strip("Ġ_")) > 1 and t.strip("Ġ_").isdigit() for t in merged.encode(texts[0]).tokens)
+    tokens = split.encode(texts[0]).tokens
+    assert [t for t in tokens if any(c.isdigit() for c in t)] == list("55552024120405")
+    assert split.decode(split.encode(texts[0], add_special_tokens=False).ids) == texts[0]
+
+
 def test_fim_psm_and_spm_layouts():
     import hashlib
 
