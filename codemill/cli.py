@@ -93,7 +93,7 @@ AsJson = Annotated[bool, typer.Option("--json", help="Print JSON instead of a ta
 
 def _check_until(until: str) -> None:
     """The flows' own check of ``until``, as a usage error (exit 2) before anything starts."""
-    from codemill.flows.plan import check_until
+    from codemill.plan import check_until
 
     try:
         check_until(until)

@@ -9,7 +9,7 @@ paths -> output path).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -58,3 +58,13 @@ def external_input(kind: str, name: str, digest: str, uri: str) -> ArtifactRef:
 
 def file_input(name: str, path: str) -> ArtifactRef:
     return external_input("file", name, sha256_file(path), str(path))
+
+
+Phase = Literal["ingest", "tokenize", "train", "evaluate"]
+PHASES: tuple[str, ...] = ("ingest", "tokenize", "train", "evaluate")  # what a run's ``until`` may stop after
+
+
+def check_until(until: str) -> None:
+    """``until`` names a phase (here, not in the flows' plan module: the CLI checks it before importing Prefect)."""
+    if until not in PHASES:
+        raise ValueError(f"until must be one of {', '.join(PHASES)}, not {until!r}")

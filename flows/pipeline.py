@@ -19,7 +19,8 @@ from codemill.flows.artifacts import publish_run_artifacts
 from codemill.flows.common import eval_results, execute, flow_result, flow_run_url, open_flow_run, scores_of
 from codemill.flows.evaluate import gate_against_champion
 from codemill.flows.hooks import record_failure_on_mlflow, run_name_from, tag_current_flow_run
-from codemill.flows.plan import Phase, plan_pipeline
+from codemill.flows.plan import plan_pipeline
+from codemill.plan import Phase
 from codemill.tasks.ingest import fingerprint_sources_task
 from codemill.tasks.resolve_model import trained_model
 

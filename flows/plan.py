@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from codemill.config import PipelineConfig, TokenizeConfig
-from codemill.plan import StagePlan
+from codemill.plan import PHASES, StagePlan, check_until
 from codemill.store import ArtifactRef, ArtifactStore
 from codemill.tasks.common import RunContext, StageResult
 from codemill.tasks.evaluate import evaluate_suite_task, plan_suite
@@ -21,9 +21,6 @@ from codemill.tasks.ingest import ingest_task, plan_ingest
 from codemill.tasks.resolve_model import ResolvedModel, trained_model
 from codemill.tasks.tokenize import plan_tokenize, plan_tokenizer, tokenize_task, tokenizer_task
 from codemill.tasks.train import plan_train, train_task
-
-Phase = Literal["ingest", "tokenize", "train", "evaluate"]
-PHASES: tuple[str, ...] = ("ingest", "tokenize", "train", "evaluate")
 
 Binder = Callable[[RunContext, dict[str, StageResult]], dict[str, Any]]
 
@@ -38,11 +35,6 @@ class Step:
     task: Any  # the Prefect task: task(plan=..., ctx=..., **params, **bind(ctx, results))
     params: dict[str, Any] = field(default_factory=dict)  # not hashed: the full stage config (timeouts, ...)
     bind: Binder | None = None  # arguments that exist only once earlier steps ran (a model id)
-
-
-def check_until(until: str) -> None:
-    if until not in PHASES:
-        raise ValueError(f"until must be one of {', '.join(PHASES)}, not {until!r}")
 
 
 def tokenize_config(config: PipelineConfig) -> TokenizeConfig:

@@ -98,3 +98,16 @@ def test_real_process_prints_no_traceback(args, bad_config):
     assert proc.stdout == "" and "Traceback" not in proc.stderr
     [line] = proc.stderr.splitlines()
     assert ("known presets: gpu-small, tiny" in line) if "nope" in argv else ("did you mean 'max_steps'?" in line)
+
+
+def test_an_unknown_until_stops_before_prefect_is_imported(tmp_path):
+    """``--until`` is checked before the temporary Prefect server starts or the flows import (a usage error
+    costs no server boot)."""
+    code = ("import sys\nfrom codemill.cli import app\ntry:\n"
+            "    app(['run', '--until', 'deploy', '--store', sys.argv[1]])\n"
+            "except SystemExit as e:\n    print(e.code, 'prefect' in sys.modules, flush=True)\n    raise\n")
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "store")], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stdout.split() == ["2", "False"]
+    assert "until must be one of ingest, tokenize" in proc.stderr and "'deploy'" in proc.stderr
