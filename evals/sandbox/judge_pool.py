@@ -54,9 +54,7 @@ class Judged:
         if self.outcome is Outcome.TIMED_OUT:
             return "timed_out"
         died = self.candidate.get("ended_by") == "itself" and self.candidate.get("signal") is not None
-        if self.outcome is Outcome.KILLED_MEMORY or died:
-            return "killed"
-        if self.kind == "server_killed":
+        if self.outcome is Outcome.KILLED_MEMORY or died or self.kind == "server_killed":
             return "killed"
         if self.kind == "candidate_gone":
             return "exited"
