@@ -148,7 +148,7 @@ def _run(spec: Path, kill_at: int | None = None) -> list[dict]:
     proc.wait(timeout=120)
     proc.stdout.close()
     if kill_at is None:
-        assert proc.returncode == 0, "".join(tail[-40:])
+        assert proc.returncode == 0, "".join(tail[-200:])  # every rank's last words, not only torchrun's summary
     return events
 
 
