@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from concurrent.futures import FIRST_COMPLETED, Executor, Future, wait
 from pathlib import Path
 
 import polars as pl
@@ -36,16 +37,21 @@ def assign_split(key: str, val_fraction: float, salt: str) -> str:
 class ParquetShardWriter:
     """Appends rows and cuts a Parquet shard whenever max_rows or max_bytes (of content) is reached.
 
-    Holds at most one shard's rows. Shards are named in order; ``close`` writes the rest (an empty shard
-    when nothing was written, so every split has a readable file with the schema) and returns per-shard stats.
+    Holds at most one shard's rows, plus the shards still being written when given a ``pool``: compressing
+    and hashing a shard then overlaps the next one's rows (at most ``in_flight`` at a time; a failed write
+    is raised by the next ``add`` or by ``close``). Shards are named in order; ``close`` writes the rest (an
+    empty shard when nothing was written, so every split has a readable file with the schema), waits for every
+    write and returns per-shard stats.
     """
 
-    def __init__(self, out_dir: Path, prefix: str, max_rows: int, max_bytes: int, unit: str = "repository") -> None:
+    def __init__(self, out_dir: Path, prefix: str, max_rows: int, max_bytes: int, unit: str = "repository",
+                 pool: Executor | None = None, in_flight: int = 2) -> None:
         self.out_dir, self.prefix, self.max_rows, self.max_bytes = out_dir, prefix, max_rows, max_bytes
-        self.unit = unit
+        self.unit, self.pool, self.in_flight = unit, pool, in_flight
         self.pending: list[pl.DataFrame] = []
         self.rows = self.bytes = 0
         self.shards: list[dict] = []
+        self.writes: list[Future[str]] = []
         self.units: set[str] = set()
         out_dir.mkdir(parents=True, exist_ok=True)
 
@@ -66,16 +72,34 @@ class ParquetShardWriter:
         part = pl.concat(self.pending) if self.pending else pl.DataFrame(schema=CORPUS_SCHEMA)
         name = f"{self.prefix}-{len(self.shards):05d}.parquet"
         path = self.out_dir / name
-        write_parquet_shard(part, path)
         self.units.update(split_key(r, p, self.unit) for r, p in zip(part["repo"], part["path"], strict=True))
         self.shards.append({"file": f"{self.out_dir.name}/{name}", "rows": part.height,
-                            "bytes": int(part["bytes"].sum()), "sha256": sha256_file(path)})
+                            "bytes": int(part["bytes"].sum())})
+        if self.pool is None:
+            done: Future[str] = Future()
+            done.set_result(_write_and_hash(part, path))
+            self.writes.append(done)
+        else:
+            waiting = [w for w in self.writes if not w.done()]
+            if len(waiting) >= self.in_flight:
+                wait(waiting, return_when=FIRST_COMPLETED)
+            for w in self.writes:
+                if w.done():
+                    w.result()  # raises a failed write now, not after every other shard
+            self.writes.append(self.pool.submit(_write_and_hash, part, path))
         self.pending, self.rows, self.bytes = [], 0, 0
 
     def close(self) -> list[dict]:
         if self.rows or not self.shards:
             self._flush()
+        for shard, write in zip(self.shards, self.writes, strict=True):
+            shard["sha256"] = write.result()
         return self.shards
+
+
+def _write_and_hash(df: pl.DataFrame, path: Path) -> str:
+    write_parquet_shard(df, path)
+    return sha256_file(path)
 
 
 def write_parquet_shard(df: pl.DataFrame, path: Path) -> None:

@@ -13,17 +13,69 @@ import hashlib
 import numpy as np
 import polars as pl
 
+from codemill.data.kernels import Kernel, utf8_buffer
 from codemill.data.minhash import SKETCH_VALUES, band_keys, keep_one_per_component, lsh_components, signatures, sketch
 from codemill.data.shingles import ngrams_from_tokens
 from codemill.data.steps import ChunkContext, Step
 
 
-def normalized_hash(content: pl.Series) -> pl.Series:
-    """128-bit BLAKE2b of the normalised text, hex (stable across versions, unlike Polars' hash)."""
-    norm = (content.str.replace_all("\r\n", "\n", literal=True).str.replace_all(r"[ \t]+\n", "\n")
+def normalized_text(content: pl.Expr) -> pl.Expr:
+    """The text exact dedup compares, by definition: CRLF as LF, spaces and tabs before a line end removed,
+    surrounding whitespace (Unicode's) stripped. ``normalized_hash`` computes it in one compiled pass."""
+    return (content.str.replace_all("\r\n", "\n", literal=True).str.replace_all(r"[ \t]+\n", "\n")
             .str.strip_chars())
-    return pl.Series("norm_hash", [hashlib.blake2b(t.encode(), digest_size=16).hexdigest() if t is not None
-                                   else None for t in norm.to_list()], dtype=pl.String)
+
+
+def normalized_hash(content: pl.Series) -> pl.Series:
+    """128-bit BLAKE2b of ``normalized_text``, hex (stable across versions, unlike Polars' hash); null for a
+    null row. The kernel strips ASCII whitespace; a text whose stripped ends are non-ASCII (a no-break or
+    ideographic space, say) gets Polars' Unicode strip on top."""
+    data, off = utf8_buffer(content)
+    n = len(off) - 1
+    out, copied = np.empty_like(data), np.empty(n, np.bool_)
+    lo, hi = np.empty(n, np.int64), np.empty(n, np.int64)
+    _normalize(data, off, out, copied, lo, hi)
+    views = (memoryview(data.data), memoryview(out.data))
+    hashes: list[str | None] = []
+    for a, b, c in zip(lo.tolist(), hi.tolist(), copied.tolist(), strict=True):
+        text = views[c][a:b]
+        if b > a and (text[0] >= 0x80 or text[-1] >= 0x80):
+            text = pl.Series([bytes(text).decode()]).str.strip_chars()[0].encode()
+        hashes.append(hashlib.blake2b(text, digest_size=16).hexdigest())
+    return pl.Series("norm_hash", hashes, dtype=pl.String).set(content.is_null(), None)
+
+
+@Kernel
+def _normalize(data: np.ndarray, off: np.ndarray, out: np.ndarray, copied: np.ndarray, lo: np.ndarray,
+               hi: np.ndarray) -> None:  # pragma: no cover - compiled; a test holds it to ``normalized_text``
+    """Document d's normalised bytes are ``data[lo[d]:hi[d]]``, or ``out[lo[d]:hi[d]]`` where ``copied[d]``
+    (within its own input span: the text only shrinks): CRLF -> LF as the bytes stream in (the CR is not
+    kept), a run of spaces and tabs dropped when a LF ends it (the output rewinds to the run's start)."""
+    for d in range(len(off) - 1):
+        start, end = off[d], off[d + 1]
+        dirty = 0  # a CR, space or tab before a LF: most files have none and are hashed in place
+        for i in range(start, end - 1):
+            c = data[i]
+            dirty |= ((c == 13) | (c == 32) | (c == 9)) & (data[i + 1] == 10)
+        copied[d] = dirty
+        src = out if dirty else data
+        o = end
+        if dirty:  # branch-free per byte: spaces and line ends are too frequent to predict
+            o, run = start, -1
+            for i in range(start, end):
+                c = data[i]
+                skip = (c == 13) & (data[min(i + 1, end - 1)] == 10)  # the CR of a CRLF: dropped
+                space = (c == 32) | (c == 9)
+                o = run if (c == 10) & (run >= 0) else o
+                run = (o if run < 0 else run) if space else (run if skip else -1)
+                out[o] = c
+                o += 1 - skip
+        a = start
+        while a < o and (src[a] == 32 or 9 <= src[a] <= 13):
+            a += 1
+        while o > a and (src[o - 1] == 32 or 9 <= src[o - 1] <= 13):
+            o -= 1
+        lo[d], hi[d] = a, o
 
 
 def resolve_duplicates(candidates: pl.DataFrame, near: bool, min_similarity: float = 0.0) -> pl.DataFrame:

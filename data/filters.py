@@ -16,11 +16,13 @@ that one combined ``str.contains`` flags (the others have none). A test holds th
 
 from __future__ import annotations
 
+import string
+
 import numpy as np
 import polars as pl
-import pyarrow as pa
 
 from codemill.config import FilterConfig
+from codemill.data.kernels import Kernel, utf8_buffer
 from codemill.data.steps import ChunkContext, Step, reject
 
 ENCODED_PATTERNS = (
@@ -59,62 +61,68 @@ def filter_stats(content: pl.Expr) -> list[pl.Expr]:
     ]
 
 
-def _utf8_bytes(content: pl.Series) -> tuple[np.ndarray, np.ndarray]:
-    """(the UTF-8 bytes, int64 offsets from 0, one more than rows) of a String Series; nulls read as ""."""
-    arr = content.to_arrow()
-    if isinstance(arr, pa.ChunkedArray):
-        arr = arr.combine_chunks()
-    arr = arr.cast(pa.large_string())
-    n = len(arr)
-    bufs = arr.buffers()
-    off = np.frombuffer(bufs[1], dtype=np.int64, count=n + 1, offset=arr.offset * 8)
-    data = np.frombuffer(bufs[2], dtype=np.uint8) if bufs[2] is not None else np.empty(0, np.uint8)
-    return data[off[0]:off[-1]], off - off[0]
+_ALNUM, _BASE64, _HEX_RUN, _HEX_DIGIT = 1, 2, 4, 8
 
 
-def _line_stats(data: np.ndarray, off: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(lines, longest line in characters) per row: lines split on "\\n", characters = UTF-8 lead bytes."""
-    nl = np.flatnonzero(data == 10)
-    idx = np.searchsorted(nl, off)  # row r's newlines are nl[idx[r]:idx[r + 1]]
-    lines = np.diff(idx) + 1
-    has_nl = lines > 1
-    # a row's lines end at its newlines (exclusive), the last one at the row's end
-    start = np.concatenate(([0], nl[:-1] + 1))
-    start[idx[:-1][has_nl]] = off[:-1][has_nl]
-    length = nl - start
-    last_start = off[:-1].copy()
-    last_start[has_nl] = nl[idx[1:][has_nl] - 1] + 1
-    last_len = off[1:] - last_start
-    cont = np.flatnonzero((data & 0xC0) == 0x80)  # continuation bytes: not characters of their line
-    if len(cont):
-        k = np.searchsorted(nl, cont)  # the newline that ends the byte's line, if in the byte's row
-        crow = np.searchsorted(off, cont, side="right") - 1
-        in_line = k < idx[crow + 1]
-        length -= np.bincount(k[in_line], minlength=len(nl))
-        last_len -= np.bincount(crow[~in_line], minlength=len(last_len))
-    if len(nl):
-        last_len[has_nl] = np.maximum(last_len[has_nl], np.maximum.reduceat(length, idx[:-1][has_nl]))
-    return lines, last_len
+def _byte_classes() -> np.ndarray:
+    """Per byte value, the classes ``_text_stats`` counts: ASCII letters and digits; the base64 pattern's
+    class; the characters a hex or ``\\u`` run can hold (hex digits, x, u, backslash, comma, whitespace, and
+    any non-ASCII byte, since ``\\s`` is Unicode's); hex digits."""
+    alnum = string.ascii_letters + string.digits
+    members = {_ALNUM: alnum, _BASE64: alnum + "+/\n=", _HEX_RUN: string.hexdigits + "xu\\, \t\n\v\f\r",
+               _HEX_DIGIT: string.hexdigits}
+    table = np.zeros(256, dtype=np.uint8)
+    for bit, chars in members.items():
+        table[[ord(ch) for ch in chars]] |= bit
+    table[0x80:] |= _HEX_RUN
+    return table
 
 
-def _ascii_alnum(data: np.ndarray, off: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(ASCII letters and digits, whether any byte is non-ASCII) per row."""
-    alnum = ((data - np.uint8(48)) < 10) | (((data | np.uint8(0x20)) - np.uint8(97)) < 26)
-    counts = np.array([np.count_nonzero(alnum[off[i]:off[i + 1]]) for i in range(len(off) - 1)], dtype=np.int64)
-    high = np.flatnonzero(data >= 0x80)
-    non_ascii = np.zeros(len(off) - 1, bool)
-    non_ascii[np.searchsorted(off, high, side="right") - 1] = True
-    return counts, non_ascii
+_CLASSES = _byte_classes()
+_BASE64_RUN = 64  # ENCODED_PATTERNS[0]'s shortest match
+_HEX_UNITS = 7  # the hex pattern's 8 units of 2 digits; the \\u pattern's 8 of 4, the last may run on
+
+
+@Kernel
+def _text_stats(data: np.ndarray, off: np.ndarray, classes: np.ndarray, lines: np.ndarray, longest: np.ndarray,
+                alnum: np.ndarray, non_ascii: np.ndarray, suspect: np.ndarray) -> None:  # pragma: no cover
+    """Per row, branch-free over its bytes: lines (split on LF), the longest line in characters (UTF-8 lead
+    bytes), ASCII letters and digits, whether any byte is non-ASCII, and whether an encoded-data pattern can
+    match. A match of the base64 pattern is a run of 64 of its class; one of the hex or ``\\u`` patterns lies
+    in a run of hex-run characters holding 7 or more maximal hex-digit runs of length 2 or 4 (its units)."""
+    for d in range(len(off) - 1):
+        n_lines, best, cur, letters, high = 1, 0, 0, 0, 0
+        b64, b64_max, digits, units, units_max = 0, 0, 0, 0, 0
+        for i in range(off[d], off[d + 1]):
+            c = data[i]
+            t = classes[c]
+            nl = c == 10
+            best = max(best, cur if nl else 0)
+            cur = 0 if nl else cur + ((c & 0xC0) != 0x80)
+            n_lines += nl
+            letters += t & _ALNUM
+            high |= c >= 0x80
+            b64 = b64 + 1 if t & _BASE64 else 0
+            b64_max = max(b64_max, b64)
+            hex_digit = (t & _HEX_DIGIT) != 0
+            units += (not hex_digit) & ((digits == 2) | (digits == 4))
+            units_max = max(units_max, units)
+            units = units if t & _HEX_RUN else 0
+            digits = digits + 1 if hex_digit else 0
+        units_max = max(units_max, units + ((digits == 2) | (digits == 4)))
+        lines[d], longest[d], alnum[d], non_ascii[d] = n_lines, max(best, cur), letters, high
+        suspect[d] = (b64_max >= _BASE64_RUN) | (units_max >= _HEX_UNITS)
 
 
 def fast_filter_stats(content: pl.Series) -> pl.DataFrame:
     """The ``filter_stats`` columns, same values and types, for a String Series without nulls (see the module
     docstring)."""
     n = len(content)
-    data, off = _utf8_bytes(content)
-    lines, longest = _line_stats(data, off)
-    alnum, non_ascii = _ascii_alnum(data, off)
-    frame = pl.DataFrame({"content": content, "non_ascii": non_ascii, "i": np.arange(n)})
+    data, off = utf8_buffer(content)
+    lines, longest, alnum = np.empty(n, np.uint32), np.empty(n, np.uint32), np.empty(n, np.int64)
+    non_ascii, suspect = np.empty(n, np.bool_), np.empty(n, np.bool_)
+    _text_stats(data, off, _CLASSES, lines, longest, alnum, non_ascii, suspect)
+    frame = pl.DataFrame({"content": content, "non_ascii": non_ascii, "suspect": suspect, "i": np.arange(n)})
     c = pl.col("content")
     wide = frame.filter(pl.col("non_ascii"))
     if wide.height:
@@ -122,8 +130,10 @@ def fast_filter_stats(content: pl.Series) -> pl.DataFrame:
         alnum[wide["i"].to_numpy()] += extra
     # ``hex_text`` has the content's word boundaries for a Unicode-blind \b: each non-ASCII word character
     # becomes "g" (a word character, not a hex digit); no match of the hex pattern changes or moves
-    hex_text = pl.concat([frame.filter(~pl.col("non_ascii")).with_columns(c.alias("hex_text")),
-                          wide.with_columns(c.str.replace_all(NON_ASCII_WORD, "g").alias("hex_text"))])
+    suspects = frame.filter(pl.col("suspect"))
+    hex_text = pl.concat([suspects.filter(~pl.col("non_ascii")).with_columns(c.alias("hex_text")),
+                          suspects.filter(pl.col("non_ascii")).with_columns(
+                              c.str.replace_all(NON_ASCII_WORD, "g").alias("hex_text"))])
     # "g" can only lengthen base64 runs: a superset of the files with a run
     flagged = hex_text.filter(pl.col("hex_text").str.contains(ENCODED_ANY_ASCII))
     run_max = np.zeros(n, np.uint32)

@@ -22,19 +22,18 @@ datasketch's ``optimal_param`` (equal weight on false positives and false negati
 from __future__ import annotations
 
 import os
-import threading
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
-from typing import Any
 
 import numpy as np
 
-from codemill.data.shingles import NgramHashes
+from codemill.data.kernels import Kernel
+from codemill.data.shingles import TOKEN_HASH, NgramHashes
 
 # Names the signature and banding computation; part of the chunk digest and the ingest stage's code version,
 # and recorded in the manifest. Change it whenever any value this module returns changes.
-ALGORITHM = "oph-optimal-densification-v2-verified"  # v2: candidate pairs verified on a 16-bit sketch
+# v2: candidate pairs verified on a 16-bit sketch; then the token hashes became codemill's own (not Polars')
+ALGORITHM = f"oph-optimal-densification-v2-verified+{TOKEN_HASH}"
 NO_SIGNATURE = np.uint32(0xFFFFFFFF)
 _MIX = np.uint64(0xBF58476D1CE4E5B9)
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -44,28 +43,6 @@ _MIN_DOCS_PER_THREAD = 512  # below this a thread costs more than it saves
 _TOP = 0xFFFFFFFE  # the largest bin value: NO_SIGNATURE (one more) marks an empty bin
 _BATCH = 64  # shingles hashed before they are scattered into the bins
 _SPARSE = 16  # fewer filled bins than this: densify by rank (k x filled steps) rather than by walking
-
-
-class _Kernel:
-    """A numba kernel (GIL released, machine code cached beside this file) compiled on first use: importing
-    numba takes ~1.5 s, which a process that never runs near-dedup (the CLI, a flow's start) should not pay."""
-
-    def __init__(self, fn: Callable[..., None]):
-        self.fn: Callable[..., None] = fn
-        self.compiled: Callable[..., None] | None = None
-        self.lock = threading.Lock()  # the ingest stage's chunk threads may all reach a kernel first at once
-
-    def __call__(self, *args: Any) -> None:
-        if self.compiled is None:
-            with self.lock:
-                if self.compiled is None:
-                    from numba import njit
-
-                    try:
-                        self.compiled = njit(cache=True, nogil=True)(self.fn)
-                    except RuntimeError:  # no writable cache directory (a read-only install): compile in memory
-                        self.compiled = njit(nogil=True)(self.fn)
-        self.compiled(*args)
 
 
 def _splitmix(x: np.ndarray) -> np.ndarray:
@@ -118,7 +95,7 @@ def signatures(ngrams: NgramHashes, num_perm: int, seed: int, threads: int | Non
     return out
 
 
-@_Kernel
+@Kernel
 def _oph(hashes: np.ndarray, off: np.ndarray, m_bin: np.uint64, m_val: np.uint64, order: np.ndarray,
          rank: np.ndarray, out: np.ndarray, lo: int, hi: int) -> None:  # pragma: no cover - compiled
     k = out.shape[1]
@@ -184,7 +161,7 @@ def band_keys(sig: np.ndarray, bands: int, rows: int) -> np.ndarray:
     return keys
 
 
-@_Kernel
+@Kernel
 def _band_keys(sig: np.ndarray, rows: int, keys: np.ndarray) -> None:  # pragma: no cover - compiled
     n, bands = keys.shape
     for d in range(n):
@@ -225,7 +202,7 @@ def lsh_components(keys: np.ndarray, valid: np.ndarray, sketches: np.ndarray | N
     return labels
 
 
-@_Kernel
+@Kernel
 def _components(keys: np.ndarray, valid: np.ndarray, sketches: np.ndarray, need: int, bits: int,
                 labels: np.ndarray) -> None:  # pragma: no cover - compiled; tests compare it with brute force
     n, bands = keys.shape

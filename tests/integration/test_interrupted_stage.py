@@ -4,6 +4,7 @@ cleanup runs at all)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -50,9 +51,10 @@ def test_ingest_killed_after_half_the_shards(small_corpus, tmp_path, monkeypatch
     cfg.ingest.shard_max_rows = 20
     real_write = corpus_mod.write_parquet_shard
     written: list[Path] = []
+    calls = itertools.count()  # shards may be written on two threads: next() on a count is atomic
 
     def dies_after_two(df, path):
-        if len(written) == 2:
+        if next(calls) >= 2:
             raise RuntimeError("injected crash after 2 shards")
         real_write(df, path)
         written.append(path)

@@ -120,8 +120,8 @@ def test_signature_bytes_are_pinned():
     # the same bytes on every machine: if this changes, so must minhash.ALGORITHM (the digests name it)
     ng = ngram_hashes(pl.Series(["def f(x):\n    return x + 1\n" * 7, " ".join(f"t{i}" for i in range(700))]), 5)
     sig = signatures(ng, 256, 42)
-    assert ALGORITHM == "oph-optimal-densification-v2-verified"
-    assert hashlib.sha256(sig.tobytes()).hexdigest()[:16] == "d26d96d1f3386a1a"
+    assert ALGORITHM == "oph-optimal-densification-v2-verified+fnv1a64-splitmix-v1"
+    assert hashlib.sha256(sig.tobytes()).hexdigest()[:16] == "9f39ea4081caea38"
 
 
 def _brute_components(keys: np.ndarray, valid: np.ndarray, sketches: np.ndarray | None = None,
