@@ -94,17 +94,18 @@ def skipped_dir(name: str, abspath: str, skip_dirs: list[str]) -> bool:
 
 def iter_candidates(root: Path, include: list[str], exclude: list[str],
                     on_error: Rejections | None = None,
-                    skip_dirs: list[str] | None = None) -> Iterator[tuple[str, Path]]:
-    """(relative path, absolute path) of files matching include and not exclude, in sorted order."""
+                    skip_dirs: list[str] | None = None) -> Iterator[str]:
+    """Relative (POSIX) paths of files matching include and not exclude, in sorted order."""
     skip = list(skip_dirs or [])
     def onerror(exc: OSError) -> None:
         if on_error is not None and exc.filename:
             rel = os.path.relpath(exc.filename, root)
             on_error.reject(Path(rel).as_posix(), "unreadable_dir")
 
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=False, onerror=onerror):
-        reldir = Path(os.path.relpath(dirpath, root)).as_posix()
-        reldir = "" if reldir == "." else reldir
+    top = str(root)
+    for dirpath, dirnames, filenames in os.walk(top, followlinks=False, onerror=onerror):
+        # os.walk joins each folder onto ``top``: the relative part is the rest of the string
+        reldir = dirpath[len(top):].lstrip(os.sep).replace(os.sep, "/")
         kept = []
         for d in sorted(dirnames):
             rel = f"{reldir}/{d}" if reldir else d
@@ -118,7 +119,7 @@ def iter_candidates(root: Path, include: list[str], exclude: list[str],
         for name in sorted(filenames):
             rel = f"{reldir}/{name}" if reldir else name
             if matches_any(rel, include) and not matches_any(rel, exclude):
-                yield rel, Path(dirpath) / name
+                yield rel
 
 
 def _inside(path: str, real_root: str) -> bool:
@@ -141,7 +142,7 @@ def _escape(real: str, real_root: str, follow_external: bool) -> str | None:
     """Why a file at real path ``real`` may not be read: it lies outside the root, or in a VCS folder."""
     if not _inside(real, real_root):
         return None if follow_external else "symlink_outside_root"
-    parts = os.path.relpath(real, real_root).split(os.sep)
+    parts = real[len(real_root.rstrip(os.sep)) + 1:].split(os.sep)  # inside: the root and a separator lead
     return "symlink_into_vcs_dir" if any(part in VCS_DIRS for part in parts) else None
 
 
@@ -253,7 +254,7 @@ def fingerprint_source(root: str | Path, include: list[str], exclude: list[str],
     real_root = os.path.realpath(root_path)
     h = hashlib.sha256()
     n = 0
-    for rel, _ in iter_candidates(root_path, include, exclude, skip_dirs=skip_dirs):
+    for rel in iter_candidates(root_path, include, exclude, skip_dirs=skip_dirs):
         n += 1
         got = open_source_file(real_root, rel, follow_external)
         if isinstance(got, str):

@@ -143,8 +143,8 @@ def iter_chunks(index: int, src: SourceConfig, chunk_files: int) -> Iterator[Chu
         root = folder_root(src)
         commit = git_commit(root)
         walk = Rejections()
-        rels = (rel for rel, _ in iter_candidates(Path(root), list(src.include), list(src.exclude), on_error=walk,
-                                                  skip_dirs=list(src.skip_dirs)))
+        rels = iter_candidates(Path(root), list(src.include), list(src.exclude), on_error=walk,
+                               skip_dirs=list(src.skip_dirs))
         opts = {"follow_external_symlinks": src.follow_external_symlinks}
         for c in _cut_points(rels, chunk_files):
             yield ChunkSpec(index, "folder", root, repo, tuple(c), commit, opts)
