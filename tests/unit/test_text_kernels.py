@@ -13,6 +13,7 @@ import pytest
 from codemill.data.dedup import normalized_hash, normalized_text
 from codemill.data.filters import _CLASSES, ENCODED_PATTERNS, _text_stats
 from codemill.data.kernels import utf8_buffer
+from codemill.data.redact import PREFILTERS, _address_candidates
 from codemill.data.shingles import TOKEN_PATTERN, ngrams_from_tokens, token_hash, token_hashes
 
 PIECES = ["def", " ", "\n", "x_1", "é", "ça", "_", "42", "\t", "(", ")", "日本", "A", "\r\n", "+", "€", "__init__"]
@@ -119,3 +120,23 @@ def test_every_text_an_encoded_pattern_matches_is_a_suspect(seed):
     assert all(f for f, h in zip(flagged, hits, strict=True) if h)
     code = ["def area(r):\n    return 3.14159 * r * r\n" * 20, "x = [1, 2, 3]\n" * 50, "# deadbeef cafe\n" * 9]
     assert _suspects(code) == [False] * 3  # and ordinary code is not flagged
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_address_candidates_hold_every_row_the_address_prefilters_match(seed):
+    """Rows the IPv4/IPv6 pre-filter regexes match on ASCII text are all candidates (the regexes then run on
+    those rows only); ordinary code is not one."""
+    rng = random.Random(seed)
+    pieces = ["1.2.3.4", "1.2.3", "12.255.1.", "1234.5.6.7", ".1.2.3", "١.2.3.4", "1.2.3.4.5", "9", "1:2:3",
+              "1:2:3:4", "a::b", "fe80::1", "12345:1:2", "::1", "1::", "g:1:2:3", "beef:", ":"]
+    joints = ["", "", ".", ":", " ", "x", "é", "\n", "0"]
+    texts = ["".join(rng.choice(pieces) + rng.choice(joints) for _ in range(rng.randrange(0, 4)))
+             for _ in range(3000)]
+    ipv4, ipv6 = _address_candidates(pl.Series(texts, dtype=pl.String))
+    for flags, name in ((ipv4, "IPV4"), (ipv6, "IPV6")):
+        # ASCII digits: ``ipaddress`` never accepts a Unicode digit, so those matches are never redacted
+        hits = pl.Series(texts).str.contains(PREFILTERS[name].replace(r"\d", "[0-9]")).to_list()
+        assert 50 < sum(hits) < len(texts) - 50
+        assert all(flags[i] for i, hit in enumerate(hits) if hit), name
+    code = pl.Series(["x = d[1:2]\nv = '3.14.1'\nt = '12:30:00'\n" * 20, "import os.path\n"])
+    assert [a or b for a, b in zip(*_address_candidates(code), strict=True)] == [False, False]
