@@ -32,8 +32,9 @@ from codemill.data.shingles import TOKEN_HASH, NgramHashes
 
 # Names the signature and banding computation; part of the chunk digest and the ingest stage's code version,
 # and recorded in the manifest. Change it whenever any value this module returns changes.
-# v2: candidate pairs verified on a 16-bit sketch; then the token hashes became codemill's own (not Polars')
-ALGORITHM = f"oph-optimal-densification-v2-verified+{TOKEN_HASH}"
+# v2: candidate pairs verified on a 16-bit sketch; v3: a shingle's bin and value from one product. The token
+# hashes (codemill's own since, not Polars') are named after the +.
+ALGORITHM = f"oph-optimal-densification-v3-verified+{TOKEN_HASH}"
 NO_SIGNATURE = np.uint32(0xFFFFFFFF)
 _MIX = np.uint64(0xBF58476D1CE4E5B9)
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -72,14 +73,15 @@ def bin_order(num_perm: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
 def signatures(ngrams: NgramHashes, num_perm: int, seed: int, threads: int | None = None) -> np.ndarray:
     """(n_docs, num_perm) uint32; a document without shingles gets all NO_SIGNATURE.
 
-    Each shingle hash goes through two seeded multiply-shift hashes (the top 32 bits of a 64-bit product):
-    one picks the bin (Lemire's multiply-high range reduction), the other is the value. A compiled kernel
+    Each shingle hash is multiplied by a seeded odd word, once: the product's high 32 bits pick the bin
+    (Lemire's multiply-high range reduction), its low 32 bits are the value (a bijection of the hash's low
+    half, independent of the high bits for a well-mixed hash; one multiply instead of two). A compiled kernel
     (numba, GIL released) does one document at a time, so ``threads`` (default: the CPU count) split the
     documents into ranges of about equal shingle counts; every document's signature is the same whatever the
     split, so the result does not depend on the thread count.
     """
     n = ngrams.n_docs
-    m_bin, m_val = _seed_words(seed, 3)[:2] | np.uint64(1)
+    mult = _seed_words(seed, 3)[0] | np.uint64(1)
     out = np.empty((n, num_perm), dtype=np.uint32)
     off = np.searchsorted(ngrams.doc, np.arange(n + 1))
     order, rank = bin_order(num_perm, seed)
@@ -87,19 +89,19 @@ def signatures(ngrams: NgramHashes, num_perm: int, seed: int, threads: int | Non
     cuts = np.unique(np.searchsorted(off, np.linspace(0, off[-1], parts + 1)[1:-1]))
     bounds = [0, *cuts.tolist(), n]
     if len(bounds) == 2:
-        _oph(ngrams.hashes, off, m_bin, m_val, order, rank, out, 0, n)
+        _oph(ngrams.hashes, off, mult, order, rank, out, 0, n)
         return out
     with ThreadPoolExecutor(len(bounds) - 1) as pool:
-        list(pool.map(lambda lo_hi: _oph(ngrams.hashes, off, m_bin, m_val, order, rank, out, *lo_hi),
+        list(pool.map(lambda lo_hi: _oph(ngrams.hashes, off, mult, order, rank, out, *lo_hi),
                       zip(bounds[:-1], bounds[1:], strict=True)))
     return out
 
 
 @Kernel
-def _oph(hashes: np.ndarray, off: np.ndarray, m_bin: np.uint64, m_val: np.uint64, order: np.ndarray,
-         rank: np.ndarray, out: np.ndarray, lo: int, hi: int) -> None:  # pragma: no cover - compiled
+def _oph(hashes: np.ndarray, off: np.ndarray, mult: np.uint64, order: np.ndarray, rank: np.ndarray,
+         out: np.ndarray, lo: int, hi: int) -> None:  # pragma: no cover - compiled
     k = out.shape[1]
-    k64, s32, top = np.uint64(k), np.uint64(32), np.uint64(_TOP)
+    k64, s32, top, low = np.uint64(k), np.uint64(32), np.uint64(_TOP), np.uint64(0xFFFFFFFF)
     row = np.empty(k, dtype=np.uint32)
     filled = np.empty(k, dtype=np.int64)
     bins = np.empty(_BATCH, dtype=np.int64)
@@ -113,8 +115,9 @@ def _oph(hashes: np.ndarray, off: np.ndarray, m_bin: np.uint64, m_val: np.uint64
             m = min(_BATCH, off[d + 1] - q0)
             for q in range(m):
                 h = hashes[q0 + q]
-                bins[q] = np.int64((((h * m_bin) >> s32) * k64) >> s32)
-                vals[q] = np.uint32(min((h * m_val) >> s32, top))
+                p = h * mult
+                bins[q] = np.int64(((p >> s32) * k64) >> s32)
+                vals[q] = np.uint32(min(p & low, top))
             for q in range(m):
                 row[bins[q]] = min(row[bins[q]], vals[q])
         f = 0
