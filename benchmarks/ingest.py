@@ -13,9 +13,12 @@ The corpus is one that exists on any machine: this Python's standard library inc
    each): MB/s of both and their ratio, and the stage's own phases (planning, chunks, corpus-wide dedup,
    writing);
 4. the stage's peak RSS (VmHWM: the one process, its chunk threads included) on the corpus and on 4 copies
-   of it (four sources), each in a fresh process.
+   of it (four sources), each in a fresh process;
+5. a datatrove pipeline doing comparable work on the same files (``benchmarks.datatrove_ingest``: reader,
+   StarCoder filters, 10-gram decontamination, PII, 4-stage MinHash dedup, Parquet writer; as many tasks and
+   workers as the stage has threads), in a fresh process, against the stage's best run above.
 
-    python -m benchmarks.ingest [--dedup-files 4000] [--skip-scale] [--skip-dedup] [--stage-repeats 2]
+    python -m benchmarks.ingest [--dedup-files 4000] [--skip-scale] [--skip-dedup] [--skip-datatrove]
 """
 
 from __future__ import annotations
@@ -183,6 +186,7 @@ def main() -> None:
     ap.add_argument("--skip-scale", action="store_true", help="skip the 4x-corpus memory run")
     ap.add_argument("--skip-dedup", action="store_true", help="skip the near-dedup comparison")
     ap.add_argument("--only-dedup", action="store_true", help="only the near-dedup comparison")
+    ap.add_argument("--skip-datatrove", action="store_true", help="skip the datatrove pipeline (~45 s here)")
     args = ap.parse_args()
     cfg = corpus_config()
     if args.only_dedup:
@@ -221,7 +225,20 @@ def main() -> None:
         four = stage_in_child(4)
         print(f"peak RSS 4x: {four['peak_rss_mb']:.0f} MB ({four['files']} files, {four['seconds']:.1f} s); "
               f"4x / 1x = {four['peak_rss_mb'] / one['peak_rss_mb']:.2f}")
+    if not args.skip_datatrove:
+        compare_datatrove(one)
     print(f"(this process: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB peak)")
+
+
+def compare_datatrove(stage: dict) -> None:
+    out = subprocess.run([sys.executable, "-m", "benchmarks.datatrove_ingest", "--workers", str(usable_cpus()),
+                          "--quiet"], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[1])
+    dt = json.loads(out.stdout.strip().splitlines()[-1])
+    print(f"datatrove {dt['datatrove_version']} pipeline, same files ({usable_cpus()} tasks x workers): "
+          f"{dt['wall_s']:.1f} s wall, {dt['cpu_s']:.1f} s CPU, kept {dt['files_kept']} of {dt['files']}")
+    print(f"  codemill stage speed / datatrove: {dt['wall_s'] / stage['seconds']:.1f}x wall, "
+          f"{dt['cpu_s'] / stage['cpu_seconds']:.1f}x CPU (> 1 means codemill is faster)")
 
 
 if __name__ == "__main__":

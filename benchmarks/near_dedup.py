@@ -253,7 +253,7 @@ def compare(texts: list[str], cfg: IngestConfig, repeats: int = 3, quality_seeds
     print(f"near-dedup on {len(texts)} files ({mb:.1f} MB, {len(ng.hashes)} {nd.ngram}-gram shingles), "
           f"{nd.num_perm} permutations, {proc.bands} x {proc.rows} bands, Jaccard >= {nd.threshold}: "
           f"{len(true)} true pairs (exact all-pairs); best of {repeats}, interleaved")
-    print(f"shingling (shared by every method, polars + numpy): {t_sh:.3f} s")
+    print(f"shingling (shared by every method: codemill's compiled tokenizer and n-gram kernels): {t_sh:.3f} s")
     m = Methods(ng, nd.num_perm, proc.bands, proc.rows, nd.seed, nd.threshold)
     m.codemill()  # untimed: numba's import and its cached machine code load once per process (~1-2 s)
     names = {"codemill": m.codemill, "codemill unverified": m.codemill_unverified,

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from codemill.data.kernels import Kernel
+
 ID_DTYPE = np.dtype(np.uint32)  # token ids between encoder and writer (the shards use token_dtype)
 
 
@@ -23,13 +25,22 @@ def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16) if vocab_size <= 1 << 16 else np.dtype(np.uint32)
 
 
-def positions_from_starts(starts: np.ndarray) -> np.ndarray:
+def positions_from_starts(starts: np.ndarray, dtype: np.dtype | type = np.int64) -> np.ndarray:
     """Offsets since the most recent True in ``starts`` (row-wise); position 0 always counts as a start."""
-    starts = starts.copy()
-    starts[..., 0] = True
-    idx = np.broadcast_to(np.arange(starts.shape[-1]), starts.shape)
-    last = np.maximum.accumulate(np.where(starts, idx, 0), axis=-1)
-    return idx - last
+    out = np.empty(starts.shape, dtype=dtype)
+    width = starts.shape[-1] if starts.ndim else 1
+    _positions(np.ascontiguousarray(starts, dtype=np.bool_).reshape(-1, width), out.reshape(-1, width))
+    return out
+
+
+@Kernel
+def _positions(starts: np.ndarray, out: np.ndarray) -> None:  # pragma: no cover - compiled
+    """One pass, no full-size temporaries (each costs its page faults here, more than the arithmetic)."""
+    for r in range(starts.shape[0]):
+        p = 0
+        for j in range(starts.shape[1]):
+            p = 0 if starts[r, j] or j == 0 else p + 1
+            out[r, j] = p
 
 
 class Packer:
@@ -60,7 +71,7 @@ class Packer:
         cut = len(buf) // self.seq_len * self.seq_len
         self.buf, self.starts = buf[cut:].copy(), starts[cut:].copy()
         rows = buf[:cut].reshape(-1, self.seq_len)
-        return rows, positions_from_starts(starts[:cut].reshape(-1, self.seq_len))
+        return rows, positions_from_starts(starts[:cut].reshape(-1, self.seq_len), np.uint16)
 
     def add(self, ids: list[int]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """One document; yields each completed (tokens, positions) row."""
