@@ -4,8 +4,9 @@ An eval set is a list of texts (for HumanEval: each problem's prompt and its can
 BigCode, which searches docstrings and solutions). A file is contaminated by a text when it contains at least
 ``threshold`` of that text's distinct n-grams (n = 10 tokens by default, after DeepSeek-Coder). Texts with
 fewer than ``min_ngrams`` n-grams (``return a + b``) are too short to attribute and are not searched; the
-count of such texts is reported. The overlap is computed for a whole batch with sorted-array lookups
-behind a table of the index's top hash bits.
+count of such texts is reported. The overlap is computed for a whole batch in one compiled pass over its
+token hashes: each n-gram window is hashed and looked up (a table of the index's top hash bits, then a binary
+search), and only the hits are kept.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ import numpy as np
 import polars as pl
 
 from codemill.config import DecontaminationConfig, EvalSetConfig
-from codemill.data.shingles import NgramHashes, ngram_hashes, ngrams_from_tokens
+from codemill.data.kernels import Kernel
+from codemill.data.shingles import NGRAM_MIX, ngram_hashes, token_hashes
 from codemill.data.steps import ChunkContext, Step, reject
 
 MIN_NGRAMS = 3
@@ -47,6 +49,7 @@ class NgramIndex:
     text_sizes: np.ndarray  # distinct n-grams per text
     labels: list[str]
     skipped_short: int
+    table: np.ndarray  # bool, 2^TABLE_BITS: whether any indexed hash has these top bits
 
 
 def _read_jsonl(path: str) -> list[dict]:
@@ -95,42 +98,59 @@ def build_index(evals: EvalTexts, n: int) -> NgramIndex:
     searchable = sizes[text_id] >= MIN_NGRAMS
     text_id, hashes = text_id[searchable], hashes[searchable]
     order = np.argsort(hashes, kind="stable")
+    table = np.zeros(1 << TABLE_BITS, dtype=np.bool_)
+    table[hashes >> np.uint64(64 - TABLE_BITS)] = True
     return NgramIndex(hashes[order], text_id[order], sizes, evals.labels,
-                      skipped_short=int((sizes < MIN_NGRAMS).sum()))
+                      skipped_short=int((sizes < MIN_NGRAMS).sum()), table=table)
 
 
 def contamination(content: pl.Series, index: NgramIndex, n: int) -> tuple[np.ndarray, list[str | None]]:
     """Per document: the highest overlap with any eval text, and that text's label (None when 0)."""
-    return contamination_of(ngram_hashes(content, n), index)
+    flat, lengths = token_hashes(content)
+    return contamination_of(*indexed_ngrams(flat, lengths, n, index), len(lengths), index)
 
 
-_TABLE_BITS = 22  # a 4 MB table: with ~10^4 eval n-grams, under 1% of a file's n-grams get past it
+TABLE_BITS = 22  # a 4 MB table: with ~10^4 eval n-grams, under 1% of a file's n-grams get past it
 
 
-def _in_index(hashes: np.ndarray, sorted_index: np.ndarray) -> np.ndarray:
-    """``np.isin(hashes, sorted_index)``, 6x faster: a table of the index's top hash bits lets through the
-    few candidates a binary search then decides (``np.isin`` sorts the whole batch with the index)."""
-    shift = np.uint64(64 - _TABLE_BITS)
-    table = np.zeros(1 << _TABLE_BITS, dtype=bool)
-    table[sorted_index >> shift] = True
-    cand = np.flatnonzero(table[hashes >> shift])
-    hit = np.zeros(len(hashes), dtype=bool)
-    if len(cand):
-        pos = np.minimum(np.searchsorted(sorted_index, hashes[cand]), len(sorted_index) - 1)
-        hit[cand] = sorted_index[pos] == hashes[cand]
-    return hit
+def indexed_ngrams(flat: np.ndarray, lengths: np.ndarray, n: int,
+                   index: NgramIndex) -> tuple[np.ndarray, np.ndarray]:
+    """(document, hash) of every n-gram window (``shingles.ngrams_from_tokens``'s hashes) that is in the
+    index, in document order, computed window by window: the batch's n-grams are never held, and a window
+    reaches the binary search only when the index's table has its top bits."""
+    if len(index.hashes) == 0:
+        return np.empty(0, np.int64), np.empty(0, np.uint64)
+    return _indexed_ngrams(flat, lengths, n, index.table, np.uint64(64 - TABLE_BITS), index.hashes)
 
 
-def contamination_of(ng: NgramHashes, index: NgramIndex) -> tuple[np.ndarray, list[str | None]]:
-    """``contamination`` over n-grams already computed (the ingest shares one tokenisation)."""
-    best = np.zeros(ng.n_docs)
-    label: list[str | None] = [None] * ng.n_docs
-    if len(index.hashes) == 0 or len(ng.hashes) == 0:
+@Kernel
+def _indexed_ngrams(flat: np.ndarray, lengths: np.ndarray, n: int, table: np.ndarray, shift: np.uint64,
+                    index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # pragma: no cover - compiled
+    docs, hashes, k, t = np.empty(256, np.int64), np.empty(256, np.uint64), 0, 0
+    for d in range(len(lengths)):
+        for w in range(lengths[d] - n + 1):
+            h = flat[t + w]
+            for j in range(1, n):
+                h = h * NGRAM_MIX + flat[t + w + j]
+            if table[h >> shift]:
+                pos = np.searchsorted(index, h)
+                if pos < len(index) and index[pos] == h:
+                    if k == len(docs):  # grow: hits are few (the index holds eval n-grams)
+                        docs, hashes = np.concatenate((docs, docs)), np.concatenate((hashes, hashes))
+                    docs[k], hashes[k] = d, h
+                    k += 1
+        t += lengths[d]
+    return docs[:k].copy(), hashes[:k].copy()
+
+
+def contamination_of(doc: np.ndarray, hashes: np.ndarray, n_docs: int,
+                     index: NgramIndex) -> tuple[np.ndarray, list[str | None]]:
+    """``contamination`` from ``indexed_ngrams``'s hits (the ingest shares one tokenisation)."""
+    best = np.zeros(n_docs)
+    label: list[str | None] = [None] * n_docs
+    if len(hashes) == 0:
         return best, label
-    hit = _in_index(ng.hashes, index.hashes)
-    if not hit.any():
-        return best, label
-    dh = np.unique(np.stack([ng.doc[hit].astype(np.uint64), ng.hashes[hit]]), axis=1)  # distinct per doc
+    dh = np.unique(np.stack([doc.astype(np.uint64), hashes]), axis=1)  # distinct per doc
     lo = np.searchsorted(index.hashes, dh[1], side="left")
     hi = np.searchsorted(index.hashes, dh[1], side="right")
     reps = hi - lo
@@ -154,7 +174,8 @@ def _decontamination_step(live: pl.DataFrame, ctx: ChunkContext) -> pl.DataFrame
     overlap, matched = np.zeros(live.height), list[str | None]([None] * live.height)
     if ctx.proc.index is not None and live.height:
         flat, lengths = ctx.tokens(live)
-        overlap, matched = contamination_of(ngrams_from_tokens(flat, lengths, cfg.ngram), ctx.proc.index)
+        hits = indexed_ngrams(flat, lengths, cfg.ngram, ctx.proc.index)
+        overlap, matched = contamination_of(*hits, len(lengths), ctx.proc.index)
     return live.with_columns(pl.Series("contamination", overlap),
                              pl.Series("contaminated_by", matched, dtype=pl.String)).with_columns(
         reject(pl.col("contamination") >= cfg.threshold, "contaminated"))

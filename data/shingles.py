@@ -23,6 +23,7 @@ TOKEN_SEED = 0x5EED
 _FNV_PRIME = np.uint64(0x100000001B3)
 _FNV_BASIS = np.uint64(0xCBF29CE484222325)
 _MIX = np.uint64(0x9E3779B97F4A7C15)
+NGRAM_MIX = _MIX  # n tokens combine as sum(t[i + k] * NGRAM_MIX^(n - 1 - k)), over uint64
 _WORD = np.zeros(256, dtype=np.bool_)
 for _lo, _hi in ((48, 57), (65, 90), (97, 122), (95, 95)):
     _WORD[_lo:_hi + 1] = True

@@ -1,7 +1,7 @@
 """The ingest's fast paths give exactly what their plain definitions give: filter statistics read off the UTF-8
 bytes against the Polars expressions that define them, on text built to hit every edge (non-ASCII letters next
-to hex runs, non-ASCII spaces, multi-byte characters on long lines, empty lines, no final newline); the index
-lookup against ``np.isin``; redaction (pre-filtered, per-line e-mail search, rewritten IPv4 pattern, secrets
+to hex runs, non-ASCII spaces, multi-byte characters on long lines, empty lines, no final newline); the n-gram
+index lookup against ``np.isin``; redaction (pre-filtered, per-line e-mail search, rewritten IPv4 pattern, secrets
 tried only where a name starts) against every detector run over the whole text."""
 
 import random
@@ -14,9 +14,10 @@ from polars.testing import assert_frame_equal
 
 from codemill.config import RedactionConfig
 from codemill.data import redact as R
-from codemill.data.decontaminate import _in_index
+from codemill.data.decontaminate import TABLE_BITS, NgramIndex, indexed_ngrams
 from codemill.data.filters import fast_filter_stats, filter_stats, head_lines
 from codemill.data.redact import redact_column, redact_text
+from codemill.data.shingles import ngrams_from_tokens
 
 EDGE_TEXTS = [
     "", "\n", "\n\n", "a", "a\n", "é", "é\n", "\r\n\r\n", "x = 1\r\ny = 2\r\n",
@@ -64,15 +65,22 @@ def test_head_lines_equals_split_head_join(lines):
     assert fast.to_list() == df.select(split).to_series().to_list()
 
 
-def test_index_lookup_equals_isin():
+def test_indexed_ngrams_equal_every_ngram_looked_up_with_isin():
     rng = np.random.default_rng(0)
-    index = np.sort(rng.integers(0, 2**64, 5000, dtype=np.uint64))
-    near = index[:300] ^ np.uint64(1)  # same top bits as an index entry, not in the index: past the table
-    hashes = np.concatenate([rng.integers(0, 2**64, 20000, dtype=np.uint64), index[::7], near])
-    rng.shuffle(hashes)
-    got = _in_index(hashes, index)
-    assert got.sum() > 700 and (got == np.isin(hashes, index)).all()
-    assert not _in_index(np.empty(0, np.uint64), index).any()
+    vocab = rng.integers(0, 2**64, 50, dtype=np.uint64)  # few distinct tokens: many shared 3-grams
+    lengths = rng.integers(0, 40, 300)
+    flat = vocab[rng.integers(0, len(vocab), int(lengths.sum()))]
+    ng = ngrams_from_tokens(flat, lengths, 3)
+    indexed = np.unique(np.concatenate([ng.hashes[::11], rng.integers(0, 2**64, 5000, dtype=np.uint64)]))
+    near = indexed ^ np.uint64(1)  # same top bits as an index entry: past the table, decided by the search
+    table = np.zeros(1 << TABLE_BITS, dtype=np.bool_)
+    table[indexed >> np.uint64(64 - TABLE_BITS)] = True
+    index = NgramIndex(indexed, np.zeros(len(indexed), np.int64), np.ones(1, np.int64), ["t"], 0, table)
+    doc, hashes = indexed_ngrams(flat, lengths, 3, index)
+    want = np.isin(ng.hashes, indexed)
+    assert want.sum() > 300 and not np.isin(near, ng.hashes[want]).any()  # past the first buffer (256)
+    assert doc.tolist() == ng.doc[want].tolist() and hashes.tolist() == ng.hashes[want].tolist()
+    assert len(indexed_ngrams(flat[:0], lengths[:0], 3, index)[0]) == 0
 
 
 PLAIN_IPV4 = re.compile(r"(?<![\w.])(?:\d{1,3}\.){3}\d{1,3}(?![\w.]|\.\d)")  # the pattern IPV4 rewrites
