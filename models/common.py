@@ -6,6 +6,9 @@ from __future__ import annotations
 import faulthandler
 import json
 import os
+import sys
+import traceback
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -46,3 +49,34 @@ def start_rank() -> None:
     dump_after = os.environ.get(STACK_DUMP_ENV)
     if dump_after:
         faulthandler.dump_traceback_later(float(dump_after), exit=False)
+
+
+def run_rank(work: Callable[[], object]) -> int:
+    """A torchrun worker's body: ``work()``, then, in a process group, an exit that skips Python's teardown.
+
+    Tearing a gloo process group down from Python can deadlock: the last reference (a DDP reducer's, say) is
+    dropped with the GIL held, the group's destructor joins its worker threads, and a worker is destroying a
+    finished collective whose tensors need the GIL to be freed (seen here: rank 0 stuck in
+    ``~ProcessGroupGloo`` -> ``thread::join`` while the gloo thread waits in ``decref_pyobject``; at interpreter
+    exit the same wait aborts, SIGABRT). ``work`` ends with a barrier after every output is written and closed,
+    so the rank flushes its streams and leaves with ``os._exit``; a failure prints its traceback and leaves
+    with 1 (destroying the group while other ranks may sit in a collective can deadlock too), and torchrun
+    stops the others."""
+    import torch.distributed as dist
+
+    try:
+        work()
+    except BaseException:
+        if not dist.is_initialized():
+            raise
+        traceback.print_exc()
+        _leave(1)
+    if dist.is_initialized():
+        _leave(0)
+    return 0
+
+
+def _leave(code: int) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

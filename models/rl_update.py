@@ -54,7 +54,7 @@ from codemill.config import GRPOConfig
 from codemill.models import parallel
 from codemill.models.build import load_pretrained
 from codemill.models.checkpoint import Checkpointer, committed_steps, step_dir
-from codemill.models.common import emit, full_state_dict, param_groups, start_rank
+from codemill.models.common import emit, full_state_dict, param_groups, run_rank, start_rank
 from codemill.models.grpo import (
     SUM_KEYS,
     MicroBatch,
@@ -261,24 +261,21 @@ class GRPOUpdate:
         self.start_step = 0
 
     def run(self) -> dict[str, Any]:
+        """Every step, then the export; ends with a barrier (the process group is left to ``run_rank``)."""
         d = self.d
-        try:
-            if self.order.total_steps == 0:
-                return self.skip()
-            self.setup_training()
-            for step in range(self.start_step, self.order.total_steps):
-                record = self.train_step(step)
-                self.history.append(record)
-                if d.rank == 0:
-                    emit("step", **record)
-                done = step + 1
-                if done % self.cfg.checkpoint_every == 0 and done < self.order.total_steps:
-                    self.ckpt.save(done, self.model, self.opt, self.sched,
-                                   {"history": list(self.history), "fingerprint": self.fp})
-            return self.finish()
-        finally:
-            if d.distributed and dist.is_initialized():
-                dist.destroy_process_group()
+        if self.order.total_steps == 0:
+            return self.skip()
+        self.setup_training()
+        for step in range(self.start_step, self.order.total_steps):
+            record = self.train_step(step)
+            self.history.append(record)
+            if d.rank == 0:
+                emit("step", **record)
+            done = step + 1
+            if done % self.cfg.checkpoint_every == 0 and done < self.order.total_steps:
+                self.ckpt.save(done, self.model, self.opt, self.sched,
+                               {"history": list(self.history), "fingerprint": self.fp})
+        return self.finish()
 
     def skip(self) -> dict[str, Any]:
         """No sample survived the selection: export the policy unchanged, and say so."""
@@ -468,8 +465,8 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m codemill.models.rl_update SPEC.json", file=sys.stderr)
         return 2
     start_rank()
-    update(RLUpdateSpec.model_validate_json(Path(argv[0]).read_text()))
-    return 0
+    spec = RLUpdateSpec.model_validate_json(Path(argv[0]).read_text())
+    return run_rank(lambda: update(spec))  # the process group is left to os._exit: see run_rank
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ from codemill.models import parallel
 from codemill.models.batches import Batches, held_out_rows, model_inputs
 from codemill.models.build import build_model, count_parameters, load_pretrained, use_attention
 from codemill.models.checkpoint import Checkpointer, committed_steps
-from codemill.models.common import STACK_DUMP_ENV, emit, full_state_dict, param_groups, start_rank
+from codemill.models.common import STACK_DUMP_ENV, emit, full_state_dict, param_groups, run_rank, start_rank
 from codemill.models.flops import flops_per_token, mfu, peak_flops
 from codemill.models.schedule import lr_multiplier
 
@@ -334,9 +334,7 @@ class Trainer:
         if d.rank == 0:
             (Path(self.spec.out_dir) / "train_summary.json").write_text(json.dumps(summary, indent=2))
             emit("done", final_loss=summary["final_loss"])
-        if d.distributed:
-            dist.barrier()
-            dist.destroy_process_group()
+        d.barrier()  # every rank's exports are written; the process group is left to run_rank's os._exit
         return summary
 
 
@@ -392,8 +390,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     start_rank()  # die with torchrun and with the launcher; stack dumps on a hang
     spec = TrainSpec.model_validate_json(Path(argv[0]).read_text())
-    train(spec)
-    return 0
+    return run_rank(lambda: train(spec))
 
 
 if __name__ == "__main__":
