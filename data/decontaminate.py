@@ -49,7 +49,7 @@ class NgramIndex:
     text_sizes: np.ndarray  # distinct n-grams per text
     labels: list[str]
     skipped_short: int
-    table: np.ndarray  # bool, 2^TABLE_BITS: whether any indexed hash has these top bits
+    table: np.ndarray  # 2^TABLE_BITS bits (uint8, little-endian bit order): any indexed hash with these top bits?
 
 
 def _read_jsonl(path: str) -> list[dict]:
@@ -98,8 +98,9 @@ def build_index(evals: EvalTexts, n: int) -> NgramIndex:
     searchable = sizes[text_id] >= MIN_NGRAMS
     text_id, hashes = text_id[searchable], hashes[searchable]
     order = np.argsort(hashes, kind="stable")
-    table = np.zeros(1 << TABLE_BITS, dtype=np.bool_)
-    table[hashes >> np.uint64(64 - TABLE_BITS)] = True
+    slots = np.zeros(1 << TABLE_BITS, dtype=np.bool_)
+    slots[hashes >> np.uint64(64 - TABLE_BITS)] = True
+    table = np.packbits(slots, bitorder="little")  # a bit per slot: 512 KB, small enough to stay in cache
     return NgramIndex(hashes[order], text_id[order], sizes, evals.labels,
                       skipped_short=int((sizes < MIN_NGRAMS).sum()), table=table)
 
@@ -110,37 +111,55 @@ def contamination(content: pl.Series, index: NgramIndex, n: int) -> tuple[np.nda
     return contamination_of(*indexed_ngrams(flat, lengths, n, index), len(lengths), index)
 
 
-TABLE_BITS = 22  # a 4 MB table: with ~10^4 eval n-grams, under 1% of a file's n-grams get past it
+TABLE_BITS = 22  # 4M slots: with ~10^4 eval n-grams, under 1% of a file's n-grams get past the table
 
 
 def indexed_ngrams(flat: np.ndarray, lengths: np.ndarray, n: int,
                    index: NgramIndex) -> tuple[np.ndarray, np.ndarray]:
     """(document, hash) of every n-gram window (``shingles.ngrams_from_tokens``'s hashes) that is in the
-    index, in document order, computed window by window: the batch's n-grams are never held, and a window
-    reaches the binary search only when the index's table has its top bits."""
+    index, in document order: the window's hash is rolled along the tokens (two multiplies a window, not n),
+    the batch's n-grams are never held, and a window reaches the binary search only when the index's table
+    has its top bits."""
     if len(index.hashes) == 0:
         return np.empty(0, np.int64), np.empty(0, np.uint64)
-    return _indexed_ngrams(flat, lengths, n, index.table, np.uint64(64 - TABLE_BITS), index.hashes)
+    args = (flat, lengths, n, index.table, np.uint64(64 - TABLE_BITS), index.hashes)
+    hits = _indexed_ngrams(*args, np.empty(0, np.int64), np.empty(0, np.uint64))
+    docs, hashes = np.empty(hits, np.int64), np.empty(hits, np.uint64)
+    if hits:
+        _indexed_ngrams(*args, docs, hashes)
+    return docs, hashes
 
 
 @Kernel
 def _indexed_ngrams(flat: np.ndarray, lengths: np.ndarray, n: int, table: np.ndarray, shift: np.uint64,
-                    index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # pragma: no cover - compiled
-    docs, hashes, k, t = np.empty(256, np.int64), np.empty(256, np.uint64), 0, 0
+                    index: np.ndarray, docs: np.ndarray, hashes: np.ndarray) -> int:  # pragma: no cover
+    """The number of hits; with room in ``docs``/``hashes``, the hits too (called once to count, once to
+    fill: arrays reassigned inside the loop would cost numba a reference count per window)."""
+    k, t, room = 0, 0, len(docs)
+    lead = np.uint64(1)  # NGRAM_MIX^(n - 1): the weight of the token leaving the window
+    for _ in range(n - 1):
+        lead *= NGRAM_MIX
     for d in range(len(lengths)):
-        for w in range(lengths[d] - n + 1):
-            h = flat[t + w]
-            for j in range(1, n):
-                h = h * NGRAM_MIX + flat[t + w + j]
-            if table[h >> shift]:
-                pos = np.searchsorted(index, h)
-                if pos < len(index) and index[pos] == h:
-                    if k == len(docs):  # grow: hits are few (the index holds eval n-grams)
-                        docs, hashes = np.concatenate((docs, docs)), np.concatenate((hashes, hashes))
-                    docs[k], hashes[k] = d, h
+        h = np.uint64(0)
+        for w in range(lengths[d]):
+            if w >= n:  # roll (exact over uint64): drop the oldest token, shift, add the new one
+                h -= flat[t + w - n] * lead
+            h = h * NGRAM_MIX + flat[t + w]
+            slot = h >> shift
+            if w >= n - 1 and (table[slot >> np.uint64(3)] >> (slot & np.uint64(7))) & 1:
+                lo, hi = 0, len(index)  # the lower bound, by hand (numba's np.searchsorted costs per call)
+                while lo < hi:
+                    mid = (lo + hi) >> 1
+                    if index[mid] < h:
+                        lo = mid + 1
+                    else:
+                        hi = mid
+                if lo < len(index) and index[lo] == h:
+                    if k < room:
+                        docs[k], hashes[k] = d, h
                     k += 1
         t += lengths[d]
-    return docs[:k].copy(), hashes[:k].copy()
+    return k
 
 
 def contamination_of(doc: np.ndarray, hashes: np.ndarray, n_docs: int,
