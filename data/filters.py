@@ -9,9 +9,10 @@ applies, in the order ``FILTER`` declares them.
 ``filter_stats`` is the definition of each statistic as a plain Polars expression. The ingest computes the
 same values faster (``fast_filter_stats``): counting a regex match per character (the alphanumeric share) and
 splitting every file into a list of lines cost more than the rest of the stage, so line lengths, newline
-counts and the ASCII part of the alphanumeric count are read off the UTF-8 bytes with numpy, only the
-non-ASCII characters go through the Unicode regex, and the encoded-data runs are extracted only from files
-that one combined ``str.contains`` flags (the others have none). A test holds the two equal.
+counts and the ASCII part of the alphanumeric count are read off the UTF-8 bytes in one compiled pass
+(``_text_stats``), only the non-ASCII characters go through the Unicode regex, and the encoded-data runs are
+extracted only from files that the same pass finds a possible run in and one combined ``str.contains`` then
+flags (the others have none). Tests hold the two equal, and the pass's pre-filter to a superset.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 Polars expressions cannot do in one pass (and a Python loop would do at ~100x the cost).
 
 A kernel is a plain Python function compiled by numba on first use (``Kernel``), with the GIL released, so the
-ingest's chunk threads run kernels in parallel. Texts reach it as ``utf8_buffer``'s (bytes, offsets): Arrow's
-own buffers, without a copy.
+ingest's chunk threads run kernels in parallel. Texts reach it as ``utf8_buffer``'s (bytes, offsets): one Arrow
+large_string buffer (a single copy out of Polars' string views, ~0.3 ms per MB), read in place by numpy.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ class Kernel:
 
 def utf8_buffer(content: pl.Series) -> tuple[np.ndarray, np.ndarray]:
     """(the UTF-8 bytes as uint8, int64 offsets from 0, one more than rows) of a String Series; nulls read as
-    "". Views of Arrow's buffers where they are already contiguous."""
+    "". numpy views of the Arrow array's buffers (no copy beyond Polars' export)."""
     arr = content.to_arrow()
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks()
