@@ -107,8 +107,7 @@ def build_index(evals: EvalTexts, n: int) -> NgramIndex:
 
 def contamination(content: pl.Series, index: NgramIndex, n: int) -> tuple[np.ndarray, list[str | None]]:
     """Per document: the highest overlap with any eval text, and that text's label (None when 0)."""
-    flat, lengths = token_hashes(content)
-    return contamination_of(*indexed_ngrams(flat, lengths, n, index), len(lengths), index)
+    return contamination_of(*token_hashes(content), n, index)
 
 
 TABLE_BITS = 22  # 4M slots: with ~10^4 eval n-grams, under 1% of a file's n-grams get past the table
@@ -162,9 +161,11 @@ def _indexed_ngrams(flat: np.ndarray, lengths: np.ndarray, n: int, table: np.nda
     return k
 
 
-def contamination_of(doc: np.ndarray, hashes: np.ndarray, n_docs: int,
+def contamination_of(flat: np.ndarray, lengths: np.ndarray, n: int,
                      index: NgramIndex) -> tuple[np.ndarray, list[str | None]]:
-    """``contamination`` from ``indexed_ngrams``'s hits (the ingest shares one tokenisation)."""
+    """``contamination`` from token hashes already computed (the ingest shares one tokenisation)."""
+    n_docs = len(lengths)
+    doc, hashes = indexed_ngrams(flat, lengths, n, index)
     best = np.zeros(n_docs)
     label: list[str | None] = [None] * n_docs
     if len(hashes) == 0:
@@ -193,8 +194,7 @@ def _decontamination_step(live: pl.DataFrame, ctx: ChunkContext) -> pl.DataFrame
     overlap, matched = np.zeros(live.height), list[str | None]([None] * live.height)
     if ctx.proc.index is not None and live.height:
         flat, lengths = ctx.tokens(live)
-        hits = indexed_ngrams(flat, lengths, cfg.ngram, ctx.proc.index)
-        overlap, matched = contamination_of(*hits, len(lengths), ctx.proc.index)
+        overlap, matched = contamination_of(flat, lengths, cfg.ngram, ctx.proc.index)
     return live.with_columns(pl.Series("contamination", overlap),
                              pl.Series("contaminated_by", matched, dtype=pl.String)).with_columns(
         reject(pl.col("contamination") >= cfg.threshold, "contaminated"))

@@ -214,12 +214,9 @@ def prefilter_flags(content: pl.Series) -> np.ndarray:
     maybe = dict(zip(("IPV4", "IPV6"), _address_candidates(content), strict=True))
     flags = np.zeros((n, len(PREFILTERS)), dtype=np.bool_)
     for j, (name, pattern) in enumerate(PREFILTERS.items()):
-        rows = np.flatnonzero(maybe[name]) if name in maybe else None
-        subset = content if rows is None else content.gather(rows)
-        hit = subset.str.contains(pattern).fill_null(False).to_numpy()
-        flags[:, j] = hit if rows is None else np.zeros(n, np.bool_)
-        if rows is not None:
-            flags[rows, j] = hit
+        rows = np.flatnonzero(maybe[name]) if name in maybe else slice(None)
+        subset = content if isinstance(rows, slice) else content.gather(rows)
+        flags[rows, j] = subset.str.contains(pattern).fill_null(False).to_numpy()
     return flags
 
 
