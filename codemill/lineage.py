@@ -28,6 +28,7 @@ from mlflow.entities import DatasetInput, InputTag, LoggedModelInput, LoggedMode
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
 
 from codemill import tags as T
+from codemill.errors import UserFacingError
 from codemill.store import ArtifactRef, Manifest
 
 if TYPE_CHECKING:
@@ -43,8 +44,12 @@ def mlflow_digest(digest: str) -> str:
     return digest[:MLFLOW_DIGEST_CHARS]
 
 
-class TrackingServerUnavailable(ConnectionError):
+class TrackingServerUnavailable(UserFacingError, ConnectionError):
     """The MLflow tracking server does not answer; raised at once instead of after MLflow's long retries."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, hint="start the server (mlflow server ...) or point mlflow_tracking_uri / "
+                                       "MLFLOW_TRACKING_URI at one that runs")
 
 
 def check_tracking_server(tracking_uri: str, timeout: float = 10) -> None:
@@ -68,11 +73,12 @@ PIPELINE_USER, READER_USER = "pipeline", "reader"
 IDENTITY_GRANTS = {PIPELINE_USER: "EDIT", READER_USER: "READ"}  # on every experiment and registered model
 
 
-class TrackingAccessDenied(PermissionError):
+class TrackingAccessDenied(UserFacingError, PermissionError):
     """The tracking server refused the credentials (HTTP 401) or this identity's right to an operation (403)."""
 
     def __init__(self, message: str, status: int, operation: str, user: str | None) -> None:
-        super().__init__(message)
+        super().__init__(message, hint=("check MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD" if status == 401
+                                        else f"ask the server's admin to grant {user!r} EDIT on this experiment"))
         self.status, self.operation, self.user = status, operation, user
 
 

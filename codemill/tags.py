@@ -40,6 +40,11 @@ FLOW_RUN = "prefect.flow_run_id"
 FLOW_RUN_URL = "prefect.flow_run_url"
 
 
+def sandbox(key: str) -> str:
+    """Evaluate / problems / RL run: what isolated its verdicts (isolation, bwrap, bwrap_origin, bwrap_version)."""
+    return f"codemill.sandbox.{key}"
+
+
 def input_digest(name: str) -> str:
     """Stage run: the digest of one of its inputs (by the input's name in the plan)."""
     return f"codemill.input.{name}.digest"

@@ -150,7 +150,8 @@ def score_humaneval(samples: list[dict], problems: dict[str, ExecProblem], cfg: 
     """Execute samples (from generation or a samples file) and aggregate by problem."""
     h = cfg.humaneval
     rows_all: list[dict] = []
-    summary: dict[str, Any] = {"problems": len(problems), "unsafe_no_sandbox": h.unsafe_no_sandbox}
+    summary: dict[str, Any] = {"problems": len(problems), "unsafe_no_sandbox": h.unsafe_no_sandbox,
+                               "sandbox": pool.isolation}
     for mode in ("greedy", "sampled"):
         chosen = [s for s in samples if s.get("mode", "greedy") == mode]
         if not chosen:

@@ -77,6 +77,8 @@ def _record(store: ArtifactStore, suite: str, model: ResolvedModel, data: Artifa
         lineage.tag(run_id, {T.MODEL_ID: model.model_id, T.SUITE: suite, T.MODEL_DIGEST: model.ref.digest})
         if suite == "humaneval" and m.stats.get("unsafe_no_sandbox"):
             lineage.tag(run_id, {T.UNSAFE_NO_SANDBOX: "true"})
+        if m.stats.get("sandbox"):
+            lineage.tag(run_id, {T.sandbox(k): v for k, v in m.stats["sandbox"].items()})
         rows = store.local_path(store.ref(m.stage, m.name, m.digest)) / suites.rows_file(suite)
         lineage.log_artifact(run_id, rows, "rows")
         return {"model_id": model.model_id}

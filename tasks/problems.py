@@ -90,6 +90,7 @@ def problems_task(plan: StagePlan, ctx: RunContext, cfg: ProblemsConfig, sources
             stats = build_problem_set(cfg, w.dir, pool.judge_all, corpus,
                                       say=lambda msg: progress.sink().stage(STAGE, msg))
         stats["source_fingerprints"] = sources
+        stats["sandbox"] = pool.isolation
         logger.info("problems: kept %d (train %d, val %d); counts %s", stats["problems"], stats["splits"]["train"],
                     stats["splits"]["val"], stats["totals"])
         return w.finish(stats)

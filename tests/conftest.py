@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,28 @@ def prefect_harness():
 
     with prefect_test_harness(server_startup_timeout=120):
         yield
+
+
+def bwrap_choices() -> list[str]:
+    """Every bwrap the sandbox tests hold to one standard: the bundled one (what a fresh machine gets from pip)
+    always, and the system's wherever one is installed (what ``auto`` prefers)."""
+    import shutil
+
+    return ["bundled", *(["system"] if shutil.which("bwrap") else [])]
+
+
+@pytest.fixture(scope="module", params=bwrap_choices())
+def bwrap_choice(request) -> Iterator[str]:
+    """Forces ``CODEMILL_BWRAP`` for a module's sandboxes (and the servers they start), then restores it."""
+    before = os.environ.get("CODEMILL_BWRAP")
+    os.environ["CODEMILL_BWRAP"] = request.param
+    try:
+        yield request.param
+    finally:
+        if before is None:
+            os.environ.pop("CODEMILL_BWRAP", None)
+        else:
+            os.environ["CODEMILL_BWRAP"] = before
 
 
 @pytest.fixture

@@ -121,12 +121,13 @@ class JudgePool:
         self.limits = limits or Limits()
         self.workers = workers or usable_cpus()
         self.sandbox = Sandbox(self.limits, unsafe=unsafe)
+        self.isolation: dict[str, str] = {}  # what the probe found isolates the verdicts (``Sandbox.describe``)
         self._slots: queue.Queue[_Slot] = queue.Queue()
         self._all: list[_Slot] = []
         self._lock = threading.Lock()
 
     def __enter__(self) -> JudgePool:
-        self.sandbox.probe()
+        self.isolation = self.sandbox.probe()
         try:
             for _ in range(self.workers):
                 slot = _Slot(self.sandbox)

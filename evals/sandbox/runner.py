@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -31,14 +30,12 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
+from codemill.evals.sandbox import binary
+from codemill.evals.sandbox.binary import Bwrap, SandboxUnavailable
 from codemill.evals.sandbox.limits import Limits
 from codemill.evals.sandbox.uids import LEASES
 
 OUTPUT_TAIL = 4000
-
-
-class SandboxUnavailable(RuntimeError):
-    pass
 
 
 class Outcome(StrEnum):
@@ -79,9 +76,22 @@ class Sandbox:
         self.limits = limits or Limits()
         self.unsafe = unsafe
         self.python = python or os.path.realpath(sys.executable)
-        self.bwrap = shutil.which("bwrap")
-        self.setpriv = shutil.which("setpriv")
         self.as_root = os.geteuid() == 0
+        self._bwrap: Bwrap | None = None
+
+    @property
+    def bwrap(self) -> Bwrap:
+        """The binary that isolates (``binary.resolve``): chosen on first use, so a Sandbox in ``unsafe`` mode or
+        one that is never run needs none; raises SandboxUnavailable naming what is missing."""
+        if self._bwrap is None:
+            self._bwrap = binary.resolve()
+        return self._bwrap
+
+    def describe(self) -> dict[str, str]:
+        """What isolates this sandbox's verdicts, for the manifest and the MLflow run."""
+        if self.unsafe:
+            return {"isolation": "none (unsafe_no_sandbox)"}
+        return {"isolation": "bwrap", **self.bwrap.record()}
 
     # --- the command -----------------------------------------------------------------------------------
     def command(self, uid: int) -> list[str]:
@@ -89,19 +99,16 @@ class Sandbox:
         py = [self.python, "-I", "-S", "-B", "-"]
         if self.unsafe:
             return py
-        if self.bwrap is None:
-            raise SandboxUnavailable("bubblewrap (bwrap) is not installed (Debian/Ubuntu: apt-get install "
-                                     "bubblewrap)")
+        bwrap = self.bwrap.path
         if self.as_root:
-            if self.setpriv is None:
-                raise SandboxUnavailable("setpriv (util-linux) is needed to drop root inside the sandbox")
+            setpriv = binary.require_setpriv()
             namespaces = ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
                           "--unshare-cgroup-try"]
-            drop = [self.setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all",
+            drop = [setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all",
                     "--bounding-set=-all", "--no-new-privs", "--"]
         else:
             namespaces, drop = ["--unshare-all", "--cap-drop", "ALL"], []
-        args = [self.bwrap, *namespaces, "--die-with-parent", "--new-session", "--clearenv", "--hostname",
+        args = [bwrap, *namespaces, "--die-with-parent", "--new-session", "--clearenv", "--hostname",
                 "sandbox", *_system_mounts()]
         for d in _interpreter_dirs():
             args += ["--ro-bind", d, d]
@@ -123,20 +130,27 @@ class Sandbox:
         return setup
 
     # --- running ---------------------------------------------------------------------------------------
-    def probe(self) -> None:
-        """Fail closed: start one sandbox and check it runs Python and has no network."""
+    def probe(self) -> dict[str, str]:
+        """Fail closed: start one sandbox and check it runs Python and has no network. Returns ``describe()``:
+        the binary that isolated it and its version."""
         if self.unsafe:
-            return
+            return self.describe()
         program = ("import socket\ns = socket.socket()\ns.settimeout(1)\n"
                    "try:\n    s.connect(('1.1.1.1', 53))\n    print('NETWORK')\nexcept OSError:\n"
                    "    print('ISOLATED')\n")
         try:
             res = self.run(program)
-        except (OSError, SandboxUnavailable) as exc:
+        except SandboxUnavailable as exc:
+            raise SandboxUnavailable(f"the sandbox cannot start: {exc}", hint=exc.hint) from exc
+        except OSError as exc:
             raise SandboxUnavailable(f"the sandbox cannot start: {exc}") from exc
         if res.stdout.strip() != "ISOLATED":
+            refusal = binary.namespace_refusal(res.error, binary.read_sysctls(), self.as_root)
+            if refusal is not None:
+                raise refusal
             raise SandboxUnavailable(f"the sandbox did not start or is not isolated (outcome {res.outcome}, "
-                                     f"exit {res.returncode}): {res.error or res.stdout}"[:2000])
+                                     f"exit {res.returncode}, {self.bwrap.path}): {res.error or res.stdout}"[:2000])
+        return self.describe()
 
     def run(self, program: str) -> ExecResult:
         """Run one program (Python source on stdin) as a uid no other sandbox holds; exit status 0 means passed."""

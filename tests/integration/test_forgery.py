@@ -19,7 +19,6 @@ harness's verdict (prints, stdin, random, a tuple where a list is expected, a bo
 
 from __future__ import annotations
 
-import shutil
 import textwrap
 from dataclasses import dataclass
 
@@ -28,8 +27,6 @@ import pytest
 from codemill.evals.problems import ExecProblem
 from codemill.evals.sandbox import Limits, Outcome, Sandbox
 from tests.integration.legacy_harness import execute_old
-
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
 
 NEW_LIMITS = Limits(wall_s=4, cpu_s=3)
 OLD_LIMITS = Limits(wall_s=3, cpu_s=2)
@@ -464,18 +461,20 @@ ROWS: list[tuple[str, str, str, str]] = []
 
 
 @pytest.fixture(scope="module")
-def old_sandbox() -> Sandbox:
+def old_sandbox(bwrap_choice: str) -> Sandbox:
     sb = Sandbox(OLD_LIMITS)
-    sb.probe()
+    assert sb.probe()["bwrap_origin"] == bwrap_choice
     return sb
 
 
 @pytest.fixture(scope="module")
-def pool():
-    """One judge pool for the module, with ONE slot, so consecutive samples share the candidate server."""
+def pool(bwrap_choice: str):
+    """One judge pool for the module, with ONE slot, so consecutive samples share the candidate server; once
+    with each bwrap there is (``bwrap_choice``): every attack fails against the bundled and the system binary."""
     from codemill.evals.sandbox.judge_pool import JudgePool
 
     with JudgePool(NEW_LIMITS, workers=1) as p:
+        assert p.isolation["bwrap_origin"] == bwrap_choice
         yield p
     width = max(len(r[0]) for r in ROWS) if ROWS else 10
     print(f"\n\n{'attack':<{width}}  {'old harness':<12} {'new harness':<12} new kind")

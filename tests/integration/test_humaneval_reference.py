@@ -8,7 +8,6 @@ must equal the reference's. Forgeries are in ``test_forgery.py``.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -16,8 +15,6 @@ import pytest
 from codemill.evals.humaneval import execute, load_problems, pass_at_k_scores, read_samples, write_samples
 from codemill.evals.sandbox import Limits
 from codemill.evals.sandbox.judge_pool import JudgePool
-
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
 
 TIMEOUT_S = 1.0  # both harnesses: a looping sample costs this much wall time, 164 of them per harness
 WORKERS = 8

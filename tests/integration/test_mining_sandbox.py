@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 
 from codemill.evals.mining import mine_doctest_problems
@@ -80,8 +78,6 @@ def problems() -> dict[str, ExecProblem]:
 
 @pytest.fixture(scope="module")
 def pool():
-    if shutil.which("bwrap") is None:
-        pytest.skip("bubblewrap is not installed")
     from codemill.evals.sandbox import Limits
     from codemill.evals.sandbox.judge_pool import JudgePool
 

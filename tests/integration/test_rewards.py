@@ -3,7 +3,6 @@ per-batch count of samples that deserve a look."""
 
 from __future__ import annotations
 
-import shutil
 import sys
 
 import pytest
@@ -12,8 +11,6 @@ from codemill.evals.problems import ExecProblem
 from codemill.evals.rewards import score
 from codemill.evals.sandbox import Limits, SandboxUnavailable
 from codemill.evals.sandbox.judge_pool import JudgePool
-
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
 
 CASES = ["assert candidate(1, 2) == 3", "assert candidate(-1, 1) == 0", "assert candidate(0, 0) == 0",
          "assert candidate(2, 2) == 4"]

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import threading
 import time
@@ -22,8 +21,7 @@ from codemill.evals.sandbox import Limits, SandboxUnavailable
 from codemill.evals.sandbox.judge_pool import JudgePool
 from codemill.evals.synthetic import synthetic_problems
 
-pytestmark = [pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed"),
-              pytest.mark.usefixtures("one_torch_thread")]
+pytestmark = [pytest.mark.usefixtures("one_torch_thread")]
 
 PROBLEMS = synthetic_problems(5, 4)
 LIMITS = Limits(wall_s=3.0, cpu_s=2, memory_bytes=256 << 20)

@@ -4,7 +4,6 @@ when a worker dies mid-collection (Ray restarts it and retries its shard) and af
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import threading
 import time
@@ -18,8 +17,6 @@ from codemill.evals.sandbox import Limits
 from codemill.evals.sandbox.judge_pool import JudgePool
 from codemill.evals.synthetic import synthetic_problems
 from tests.tiny_policy import make_policy, torch_threads
-
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
 
 LIMITS = Limits(wall_s=3.0, cpu_s=2, memory_bytes=256 << 20)
 PARAMS = RolloutParams(temperature=1.0, max_new_tokens=16, stop=("\ndef",))

