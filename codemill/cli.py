@@ -82,6 +82,60 @@ def _fail(lines: list[str]) -> NoReturn:
     raise typer.Exit(2)
 
 
+DEBUG_ENV = "CODEMILL_DEBUG"
+
+
+@app.callback()
+def main(debug: Annotated[bool, typer.Option("--debug", help="Show the traceback of a known failure too (same as "
+                                                              f"{DEBUG_ENV}=1).")] = False) -> None:
+    """codemill: code corpus -> tokens -> checkpoints -> evaluated models."""
+    if debug:
+        os.environ[DEBUG_ENV] = "1"
+
+
+def _debug() -> bool:
+    return os.environ.get(DEBUG_ENV, "").lower() not in ("", "0", "false", "no")
+
+
+def _preflight(cfg: PipelineConfig, command: str, until: str = "evaluate") -> None:
+    """Everything the planned steps need, checked before the flow starts: one ``error:`` line (and ``hint:``)
+    per problem and exit status 2, before any flow run, stage or MLflow run begins."""
+    from codemill.preflight import needs_of, run_checks
+
+    failed = [c for c in run_checks(cfg, needs_of(command, cfg, until)) if not c.ok]
+    for check in failed:
+        typer.echo(f"error: {check.problem}", err=True)
+        if check.hint:
+            typer.echo(f"hint: {check.hint}", err=True)
+    if failed:
+        raise typer.Exit(2)
+
+
+@contextmanager
+def _known_failures(also: tuple[type[Exception], ...] = ()) -> Iterator[None]:
+    """A failure the user can cause or fix (``codemill.errors.describe``, or one of ``also``) prints
+    ``error: <what>`` and ``hint: <fix>`` and exits 1, without a traceback unless --debug; anything else is a
+    bug and keeps its traceback. Prefect's own log lines, printed as the flow failed, stay as they are."""
+    from click.exceptions import ClickException, Exit
+
+    try:
+        yield
+    except (Exit, ClickException):
+        raise
+    except Exception as e:
+        from codemill.errors import describe, one_line
+
+        found = describe(e) or ((one_line(str(e)), None) if isinstance(e, also) else None)
+        if found is None or _debug():
+            raise
+        what, hint = found
+        typer.echo(f"error: {what}", err=True)
+        if hint:
+            typer.echo(f"hint: {hint}", err=True)
+        typer.echo(f"(--debug or {DEBUG_ENV}=1 shows the traceback)", err=True)
+        raise typer.Exit(1) from None
+
+
 ConfigOpt = Annotated[Path | None, typer.Option(help="Pipeline config YAML (instead of --preset).")]
 SourceOpt = Annotated[list[Path] | None, typer.Option(help="Source folder(s); repeatable.")]
 PresetOpt = Annotated[str | None, typer.Option(help=f"Preset name: {', '.join(preset_names())} "
@@ -107,6 +161,7 @@ def run(config: ConfigOpt = None, source: SourceOpt = None, preset: PresetOpt = 
     """Run the pipeline: ingest -> tokenize -> train -> evaluate -> gate (or stop after ``--until``)."""
     cfg = build_config(config, preset, source, store)
     _check_until(until)
+    _preflight(cfg, "run", until)
     _prefect_defaults(cfg)
     _skip_final_collection()
     from codemill.flows.server import start_ephemeral_api_early
@@ -117,7 +172,7 @@ def run(config: ConfigOpt = None, source: SourceOpt = None, preset: PresetOpt = 
 
     server_ready()
     t0 = time.perf_counter()
-    with _progress():
+    with _known_failures(), _progress():
         out = with_task_runner(pipeline, cfg)(config=cfg, until=until)
     print_summary(out, time.perf_counter() - t0)
 
@@ -131,13 +186,14 @@ def calibrate(config: ConfigOpt = None, source: SourceOpt = None, preset: Preset
     every metric; the gate adds it when a model of this config is the champion. Prints per metric the seed
     SD, the item-level SE and the minimum detectable effect at 80% power."""
     cfg = build_config(config, preset, source, store)
+    _preflight(cfg, "calibrate")
     _prefect_defaults(cfg)
     from codemill.flows.calibrate import calibrate as calibrate_flow
     from codemill.flows.common import with_task_runner
     from codemill.report import calibration_lines
 
     t0 = time.perf_counter()
-    with _progress():
+    with _known_failures(), _progress():
         out = with_task_runner(calibrate_flow, cfg)(config=cfg, seeds=seeds)
     if as_json:
         import json
@@ -179,6 +235,22 @@ def plan(config: ConfigOpt = None, source: SourceOpt = None, preset: PresetOpt =
     if until == "evaluate" and cfg.gate.enabled:
         console.print(f"then: gate against {cfg.gate.registered_model or cfg.name}@{cfg.gate.alias} "
                       "(the champion is looked up when the run gets there)")
+    _print_preflight(cfg, until)
+
+
+def _print_preflight(cfg: PipelineConfig, until: str) -> None:
+    """The checks ``codemill run`` makes before it starts, as a footer: ok, or would fail and why."""
+    from rich.text import Text
+
+    from codemill.preflight import needs_of, run_checks
+
+    console.print("preflight (what `codemill run` checks before it starts):")
+    for check in run_checks(cfg, needs_of("run", cfg, until)):
+        status = "ok" if check.ok else "would fail"
+        line = f"  {check.name:<9} {status:<10} {check.detail if check.ok else check.problem}"
+        console.print(Text(line, style="" if check.ok else "red"))
+        if check.hint and not check.ok:
+            console.print(Text(f"  {'':<9} {'':<10} hint: {check.hint}"))
 
 
 @app.command()
@@ -193,7 +265,7 @@ def problems(config: ConfigOpt = None, preset: PresetOpt = None, store: StoreOpt
 
         return problems_flow(config=cfg)
 
-    out, wall_s = _run_on_problem_sources(cfg, start)
+    out, wall_s = _run_on_problem_sources(cfg, "problems", start)
     result = out["stages"]["problems"]
     if as_json:
         import json
@@ -203,7 +275,8 @@ def problems(config: ConfigOpt = None, preset: PresetOpt = None, store: StoreOpt
     print_problem_counts(result, wall_s)
 
 
-def _run_on_problem_sources(cfg: PipelineConfig, start, also: tuple[type[Exception], ...] = ()) -> tuple[dict, float]:
+def _run_on_problem_sources(cfg: PipelineConfig, command: str, start, also: tuple[type[Exception], ...] = (),
+                            ) -> tuple[dict, float]:
     """A flow that reads ``cfg.problems``: a missing file or bucket is one line before anything starts; a
     malformed line or file (or one of ``also``) is named after the flow stopped, and nothing is committed."""
     from codemill.data.sources import SourceError
@@ -213,14 +286,11 @@ def _run_on_problem_sources(cfg: PipelineConfig, start, also: tuple[type[Excepti
         fingerprint_problem_sources(cfg.problems)
     except (SourceError, ProblemFileError) as e:
         _fail([str(e)])
+    _preflight(cfg, command)
     _prefect_defaults(cfg)
-    named: tuple[type[Exception], ...] = (SourceError, ProblemFileError, *also)
     t0 = time.perf_counter()
-    try:
-        with _progress():
-            out = start()
-    except named as e:
-        _fail([str(e)])
+    with _known_failures(also), _progress():
+        out = start()
     return out, time.perf_counter() - t0
 
 
@@ -247,7 +317,7 @@ def rl(config: ConfigOpt = None, preset: PresetOpt = None, store: StoreOpt = Non
 
         return rl_flow(config=cfg, model=model)
 
-    out, wall_s = _run_on_problem_sources(cfg, start, also=(FileNotFoundError,))  # FileNotFoundError: --model
+    out, wall_s = _run_on_problem_sources(cfg, "rl", start, also=(FileNotFoundError,))  # FileNotFoundError: --model
     if as_json:
         import json
 
@@ -350,11 +420,12 @@ def evaluate(
         cfg.evaluate.suites = ["humaneval"]
     cfg.evaluate.humaneval.unsafe_no_sandbox = unsafe_no_sandbox
     cfg.gate.enabled = not no_gate
+    _preflight(cfg, "evaluate")
     _prefect_defaults(cfg)
     from codemill.flows.evaluate import evaluate as evaluate_flow
 
     t0 = time.perf_counter()
-    with _progress():
+    with _known_failures((FileNotFoundError,)), _progress():
         out = evaluate_flow(model=model, config=cfg, corpus=corpus, samples_file=str(samples) if samples else None)
     print_summary(out, time.perf_counter() - t0)
 
@@ -467,6 +538,7 @@ def serve(
     """Serve every deployment (nightly schedule, manual pipeline/stage/evaluate runs) from this process.
 
     Runs appear in the Prefect UI of PREFECT_API_URL. Stopping this process pauses the schedules."""
+    _preflight(build_config(None, None, None, None), "serve")
     for key, value in PREFECT_DEFAULTS.items():
         os.environ.setdefault(key, value)
     from codemill.flows.serve import DEFAULT_PREFECT_FILE, PrefectApiAuthError

@@ -122,7 +122,8 @@ class NearDedupConfig(StageConfig):
 
 class RedactionConfig(StageConfig):
     enabled: bool = Field(True, description="Replace secrets and PII by typed placeholders such as <EMAIL>.")
-    emails: bool = Field(True)
+    emails: bool = Field(True, description="Email addresses (example.com/.org/.net and reserved TLDs such as "
+                                           ".test or .invalid are kept).")
     ip_addresses: bool = Field(True, description="Public IPv4/IPv6 (private, loopback, documentation ranges "
                                                  "and well-known DNS servers are kept).")
     secrets: bool = Field(True, description="AWS keys, private-key blocks, GitHub/Slack tokens, and high-entropy "
@@ -139,7 +140,7 @@ class EvalSetConfig(StageConfig):
 
 
 class DecontaminationConfig(StageConfig):
-    enabled: bool = Field(True)
+    enabled: bool = Field(True, description="Drop items that share n-grams with the eval sets below.")
     eval_sets: list[EvalSetConfig] = Field(default_factory=lambda: [EvalSetConfig(name="humaneval")])
     ngram: int = Field(10, ge=3, description="Token n-gram size (DeepSeek-Coder: 10).")
     threshold: float = Field(0.5, gt=0, le=1, description="Drop a file holding at least this share of one "
@@ -189,20 +190,24 @@ class TokenizeConfig(StageConfig):
 class ModelConfig(StageConfig):
     """A Llama-style causal LM built from scratch."""
 
-    hidden_size: int = Field(128, gt=0)
-    intermediate_size: int = Field(344, gt=0)
-    num_layers: int = Field(4, gt=0)
-    num_heads: int = Field(4, gt=0)
-    num_kv_heads: int = Field(4, gt=0)
-    rope_theta: float = Field(10000.0, gt=0)
+    hidden_size: int = Field(128, gt=0, description="Model width (embeddings, residual stream); a multiple of "
+                                                    "num_heads.")
+    intermediate_size: int = Field(344, gt=0, description="Hidden width of each block's SwiGLU MLP.")
+    num_layers: int = Field(4, gt=0, description="Decoder blocks.")
+    num_heads: int = Field(4, gt=0, description="Attention (query) heads; head size = hidden_size / num_heads.")
+    num_kv_heads: int = Field(4, gt=0, description="Key/value heads (grouped-query attention); divides num_heads, "
+                                                   "equal = plain multi-head attention.")
+    rope_theta: float = Field(10000.0, gt=0, description="Base frequency of the rotary position embeddings "
+                                                         "(Llama: 10000).")
     attention_dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on attention weights while training "
                                      "(HF LlamaConfig.attention_dropout); 0 = none.")
 
 
 class LoraConfig(StageConfig):
-    r: int = Field(8, gt=0)
+    r: int = Field(8, gt=0, description="Rank of each adapter's low-rank update.")
     alpha: int = Field(16, gt=0, description="Scaling; usually 2 x r.")
-    dropout: float = Field(0.0, ge=0, lt=1)
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the adapters' input (peft lora_dropout); "
+                                                        "0 = none.")
     target_modules: list[str] = Field(["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
                                        "down_proj"], description="Linear layers that get adapters.")
 
@@ -222,12 +227,15 @@ class TrainConfig(StageConfig):
     schedule: Literal["cosine", "wsd"] = Field("cosine", description="Cosine decay or warmup-stable-decay.")
     decay_fraction: float = Field(0.2, gt=0, le=1, description="WSD: share of steps spent decaying.")
     min_lr_ratio: float = Field(0.1, ge=0, le=1, description="Final lr as a fraction of the peak (cosine).")
-    warmup_steps: int = Field(20, ge=0)
-    weight_decay: float = Field(0.1, ge=0)
-    beta1: float = Field(0.9, gt=0, lt=1)
-    beta2: float = Field(0.95, gt=0, lt=1)
-    grad_clip: float = Field(1.0, gt=0)
-    seed: int = Field(1234)
+    warmup_steps: int = Field(20, ge=0, description="Optimizer steps of linear lr warmup to the peak.")
+    weight_decay: float = Field(0.1, ge=0, description="AdamW weight decay of the weight matrices (norms and "
+                                                       "biases are not decayed).")
+    beta1: float = Field(0.9, gt=0, lt=1, description="AdamW first-moment (momentum) decay rate.")
+    beta2: float = Field(0.95, gt=0, lt=1, description="AdamW second-moment decay rate.")
+    grad_clip: float = Field(1.0, gt=0, description="Clip the global gradient L2 norm to this before each "
+                                                    "optimizer step.")
+    seed: int = Field(1234, description="Seed of the initial weights (scratch model, LoRA adapters) and of the "
+                                        "data order.")
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="Autocast dtype (bf16 on GPU).")
     compile: bool = Field(False, description="torch.compile the model (GPU).")
     val_sequences: int = Field(64, ge=0, description="Held-out rows scored at every checkpoint (val loss picks "
@@ -268,10 +276,12 @@ class GRPOConfig(StageConfig):
                                                       "log_softmax(logits / temperature)).")
     lr: float = Field(1e-6, gt=0, description="AdamW learning rate (constant after warmup).")
     warmup_steps: int = Field(0, ge=0, description="Linear lr warmup within the update.")
-    weight_decay: float = Field(0.0, ge=0)
-    beta1: float = Field(0.9, gt=0, lt=1)
-    beta2: float = Field(0.999, gt=0, lt=1)
-    grad_clip: float = Field(1.0, gt=0)
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay of the weight matrices (norms and "
+                                                       "biases are not decayed).")
+    beta1: float = Field(0.9, gt=0, lt=1, description="AdamW first-moment (momentum) decay rate.")
+    beta2: float = Field(0.999, gt=0, lt=1, description="AdamW second-moment decay rate.")
+    grad_clip: float = Field(1.0, gt=0, description="Clip the global gradient L2 norm to this before each "
+                                                    "optimizer step.")
     epochs: int = Field(1, gt=0, description="Passes over the kept samples.")
     micro_batch_size: int = Field(4, gt=0, description="Samples per rank per micro-step.")
     grad_accum: int = Field(1, gt=0, description="Micro-steps per optimizer step (samples per step = ranks x "
@@ -295,25 +305,28 @@ class BpbSuiteConfig(StageConfig):
 class CompletionSuiteConfig(StageConfig):
     max_files: int | None = Field(200, description="One completion item per val file, at most this many.")
     context_len: int = Field(256, ge=16, description="Prompt tokens kept (left-truncated) plus new tokens.")
-    max_new_tokens: int = Field(32, gt=0)
-    batch_size: int = runtime_only(default=16, gt=0)
+    max_new_tokens: int = Field(32, gt=0, description="Most tokens generated per item (generation also stops at "
+                                                      "the end of the line).")
+    batch_size: int = runtime_only(default=16, gt=0, description="Prompts per generation batch.")
 
 
 class HumanEvalSuiteConfig(StageConfig):
     max_problems: int | None = Field(None, description="First N of the 164 problems; empty = all.")
     greedy: bool = Field(True, description="One greedy completion per problem (pass@1).")
     n_samples: int = Field(0, ge=0, description="Sampled completions per problem for pass@k (0 = off).")
-    temperature: float = Field(0.8, gt=0)
-    top_p: float = Field(0.95, gt=0, le=1)
+    temperature: float = Field(0.8, gt=0, description="Sampling temperature of the pass@k samples (greedy "
+                                                      "ignores it).")
+    top_p: float = Field(0.95, gt=0, le=1, description="Nucleus (top-p) cutoff of the pass@k samples; 1 = off.")
     ks: list[int] = Field([1, 10], description="k values of sampled pass@k (those <= n_samples are reported).")
-    max_new_tokens: int = Field(128, gt=0)
-    context_len: int = Field(512, ge=16)
+    max_new_tokens: int = Field(128, gt=0, description="Most tokens generated per completion (generation also "
+                                                       "stops at HumanEval's stop sequences).")
+    context_len: int = Field(512, ge=16, description="Prompt tokens kept (left-truncated) plus new tokens.")
     wall_s: float = Field(10.0, gt=0, description="Wall-clock limit per program (the reference uses 3 s).")
-    cpu_s: int = Field(10, gt=0)
-    memory_mb: int = Field(1024, gt=64)
+    cpu_s: int = Field(10, gt=0, description="Seconds of CPU per program (RLIMIT_CPU).")
+    memory_mb: int = Field(1024, gt=64, description="Address space per program, in MiB (RLIMIT_AS).")
     unsafe_no_sandbox: bool = Field(False, description="Run model code WITHOUT isolation. Logged on the run.")
     workers: int | None = runtime_only(default=None, description="Parallel sandboxes; empty = CPU count.")
-    batch_size: int = runtime_only(default=16, gt=0)
+    batch_size: int = runtime_only(default=16, gt=0, description="Prompts per generation batch.")
 
 
 SuiteName = Literal["bpb", "completion", "humaneval"]
@@ -326,8 +339,10 @@ class EvalConfig(StageConfig):
     completion: CompletionSuiteConfig = Field(default_factory=CompletionSuiteConfig)
     humaneval: HumanEvalSuiteConfig = Field(default_factory=HumanEvalSuiteConfig)
     bootstrap_samples: int = Field(1000, ge=100, description="Bootstrap resamples for the CIs.")
-    confidence: float = Field(0.95, gt=0, lt=1)
-    seed: int = Field(0)
+    confidence: float = Field(0.95, gt=0, lt=1, description="Level of the bootstrap confidence intervals "
+                                                            "(0.95 = 95%).")
+    seed: int = Field(0, description="Seed of the completion items' target lines, the generation sampling and "
+                                     "the bootstrap resamples.")
 
 
 class GateMetricConfig(StageConfig):
@@ -343,7 +358,8 @@ class GateMetricConfig(StageConfig):
 class GateConfig(StageConfig):
     enabled: bool = Field(True, description="Compare with the champion and promote on a 'promote' verdict.")
     registered_model: str | None = Field(None, description="MLflow registered model; empty = experiment name.")
-    alias: str = Field("champion")
+    alias: str = Field("champion", description="MLflow registered-model alias naming the champion: compared "
+                                               "with, and moved to the new version on a promotion.")
     alpha: float = Field(0.05, gt=0, lt=1, description="Family-wise error rate (Holm) of each test family.")
     metrics: list[GateMetricConfig] = Field(
         default_factory=lambda: [GateMetricConfig(name="val_bpb", margin=0.01),
@@ -401,7 +417,8 @@ class RolloutConfig(StageConfig):
                                         "replacement from a seeded shuffle (an epoch ends before any repeats).")
     samples_per_problem: int = Field(8, ge=2, description="Group size k: completions per problem.")
     temperature: float = Field(1.0, gt=0, description="Sampling temperature (the update uses the same one).")
-    top_p: float = Field(1.0, gt=0, le=1)
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus (top-p) sampling cutoff; 1 = the full "
+                                                      "distribution.")
     max_new_tokens: int = Field(64, gt=0, description="Longer completions are cut ('length'; see overlong_mask).")
     stop: list[str] = Field(["\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#"],
                             description="Stop sequences (HumanEval's): the text is cut before the first one.")
@@ -411,8 +428,8 @@ class RolloutConfig(StageConfig):
     reward: Literal["binary", "partial"] = Field("binary", description="binary: 1 when every test passes; "
                                                  "partial: the fraction of separate test cases passed.")
     wall_s: float = Field(10.0, gt=0, description="Wall-clock limit of one sample in the sandbox.")
-    cpu_s: int = Field(10, gt=0)
-    memory_mb: int = Field(1024, gt=64)
+    cpu_s: int = Field(10, gt=0, description="Seconds of CPU per sample (RLIMIT_CPU).")
+    memory_mb: int = Field(1024, gt=64, description="Address space per sample, in MiB (RLIMIT_AS).")
     workers: int | None = runtime_only(default=None, description="Parallel sandboxes; empty = CPU count.")
     overlap: bool = runtime_only(default=True, description="Judge batch i while batch i+1 is generated.")
 
@@ -424,9 +441,11 @@ class FinetuneConfig(StageConfig):
     epochs: float | None = Field(None, gt=0, description="When set, the steps are this many passes over the packed "
                                  "rows (rounded up, at most max_steps): rejection sampling's data grows and shrinks "
                                  "with the pass rate, and a fixed step count would overfit a few passing samples.")
-    lr: float = Field(1e-3, gt=0)
-    warmup_steps: int = Field(5, ge=0)
-    micro_batch_size: int = Field(8, gt=0)
+    lr: float = Field(1e-3, gt=0, description="Peak learning rate (cosine decay to train.min_lr_ratio of it; "
+                                              "the other AdamW settings are train's).")
+    warmup_steps: int = Field(5, ge=0, description="Optimizer steps of linear lr warmup (at most max_steps).")
+    micro_batch_size: int = Field(8, gt=0, description="Sequences per rank per optimizer step (no gradient "
+                                                       "accumulation).")
     seq_len: int = Field(128, ge=8, description="Packed sequence length of the fine-tuning tokens.")
 
 

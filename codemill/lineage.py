@@ -29,6 +29,7 @@ from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
 
 from codemill import tags as T
 from codemill.errors import UserFacingError
+from codemill.lineage_check import check_tracking_server
 from codemill.store import ArtifactRef, Manifest
 
 if TYPE_CHECKING:
@@ -42,27 +43,6 @@ MLFLOW_DIGEST_CHARS = 32  # MLflow caps dataset digests at 36 chars; 32 hex = 12
 def mlflow_digest(digest: str) -> str:
     """The store digest as MLflow can hold it (a prefix); the full one is in the dataset's tags/run tags."""
     return digest[:MLFLOW_DIGEST_CHARS]
-
-
-class TrackingServerUnavailable(UserFacingError, ConnectionError):
-    """The MLflow tracking server does not answer; raised at once instead of after MLflow's long retries."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message, hint="start the server (mlflow server ...) or point mlflow_tracking_uri / "
-                                       "MLFLOW_TRACKING_URI at one that runs")
-
-
-def check_tracking_server(tracking_uri: str, timeout: float = 10) -> None:
-    """Fail fast, naming the URI, when an HTTP tracking server is down (file/sqlite URIs need no check)."""
-    import urllib.request
-
-    if not tracking_uri.startswith(("http://", "https://")):
-        return
-    try:
-        with urllib.request.urlopen(f"{tracking_uri.rstrip('/')}/health", timeout=timeout):
-            return
-    except OSError as e:
-        raise TrackingServerUnavailable(f"MLflow tracking server {tracking_uri} is unreachable: {e}") from e
 
 
 # --- authentication --------------------------------------------------------------------------------------

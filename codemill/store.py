@@ -82,6 +82,50 @@ class IncompleteArtifactError(RuntimeError):
     pass
 
 
+def writable_problem(folder: str | Path) -> str | None:
+    """Why files cannot be created under ``folder`` (which need not exist yet), or None when they can.
+
+    Tried for real, with a temporary file in the nearest folder that exists (deleted at once): permission
+    bits do not tell root the truth, nor a read-only mount, a full disk or a path through a regular file."""
+    path = Path(folder).absolute()
+    probe = path
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir():
+        return f"{probe} is a file, not a folder, so {path} cannot be created"
+    try:
+        with tempfile.NamedTemporaryFile(dir=probe, prefix=".codemill-writable-"):
+            pass
+    except OSError as e:
+        return f"cannot write in {probe}: {e.strerror or e}"
+    return None
+
+
+def store_problem(root: str, timeout_s: float = 15.0) -> str | None:
+    """Why the store at ``root`` cannot be used, or None: a local one must be writable, a remote one must
+    answer (its bucket listed) within ``timeout_s``, credentials included."""
+    import concurrent.futures
+
+    try:
+        fs, path = fsspec.core.url_to_fs(root)
+    except (ImportError, ValueError) as e:
+        return f"store {root}: {e}"
+    if isinstance(fs, LocalFileSystem):
+        problem = writable_problem(path)
+        return f"store {root}: {problem}" if problem else None
+    top = path.strip("/").split("/", 1)[0]
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    try:
+        pool.submit(fs.ls, top).result(timeout=timeout_s)
+    except concurrent.futures.TimeoutError:
+        return f"store {root} did not answer within {timeout_s:.0f} s"
+    except Exception as e:  # noqa: BLE001 - any client error (auth, DNS, missing bucket) is the answer
+        return f"store {root} is not reachable: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    finally:
+        pool.shutdown(wait=False)
+    return None
+
+
 class ArtifactStore:
     def __init__(self, root: str, cache_dir: str | Path = ".codemill/work/cache") -> None:
         self.root_url = root

@@ -5,7 +5,7 @@ The interface (``RolloutEngine``) is what the RL loop needs from a generator and
 update). ``HFEngine`` is the built-in engine on transformers; ``VLLMEngine`` uses vLLM when it is installed (a
 GPU machine; it is an optional extra and not installed here).
 
-**Log-prob convention** (docs/rl contract): the log-prob of a sampled token is
+**Log-prob convention** (``docs/rl.md#log-prob-convention``): the log-prob of a sampled token is
 ``log_softmax(logits.float() / temperature)[token]`` over the model's raw logits at that position, before top-p
 truncation, in fp32. The GRPO update recomputes the current policy's log-probs the same way (see
 ``teacher_forced_logprobs``), so the importance ratio is exactly 1 before the first optimizer step.

@@ -1,9 +1,9 @@
 """What an RL iteration logs: reward and pass-rate statistics of its rollouts, and the update's own numbers.
 
-The names follow what verl, TRL and OpenRLHF log per step (``../shared/notes/rl.md``): reward mean/std, the share
-of groups whose rewards are all equal (they carry no GRPO signal), response length and truncated share,
-suspicious samples (a candidate that exited, was killed, or sent bad data: what a policy learning its grader's
-holes looks like), and timings with throughput.
+The names follow what verl, TRL and OpenRLHF log per step: reward mean/std, the share of groups whose rewards
+are all equal (they carry no GRPO signal), response length and truncated share, suspicious samples (a candidate
+that exited, was killed, or sent bad data: what a policy learning its grader's holes looks like), and timings
+with throughput.
 """
 
 from __future__ import annotations

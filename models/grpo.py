@@ -15,8 +15,8 @@ Sources, whose formulas these follow (differences are named where they occur):
   filtering (truncated completions get no loss), token-level loss. Dr. GRPO (arXiv 2503.20783): no std
   normalisation, a constant length normaliser.
 
-Log-prob convention (issue 14 contract): ``log_softmax(logits.float() / temperature)[token]``, the same in the
-sampler and here, so the importance ratio is exactly 1 before the first optimizer step.
+Log-prob convention (``docs/rl.md#log-prob-convention``): ``log_softmax(logits.float() / temperature)[token]``,
+the same in the sampler and here, so the importance ratio is exactly 1 before the first optimizer step.
 """
 
 from __future__ import annotations

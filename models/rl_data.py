@@ -1,8 +1,8 @@
 """What each RL iteration trains on: which problems it samples, and the texts of a supervised fine-tune.
 
 Pure functions of their arguments, so an iteration's inputs are known before it runs and a resumed flow draws
-exactly the problems the killed one would have (no problem skipped or repeated: the users of OpenRLHF and
-NeMo-RL report resumes that silently skipped prompts, ``../shared/notes/rl.md``).
+exactly the problems the killed one would have (no problem skipped or repeated: users of OpenRLHF and NeMo-RL
+report resumes that silently skipped prompts, on the GitHub trackers of OpenRLHF/OpenRLHF and NVIDIA-NeMo/RL).
 """
 
 from __future__ import annotations

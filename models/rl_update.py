@@ -87,7 +87,7 @@ class RLUpdateSpec(BaseModel):
     policy_dir: str = Field(description="HF folder (model + tokenizer): the sampling policy, the initial weights.")
     reference_dir: str | None = Field(None, description="HF folder of the frozen KL reference; None = no KL term "
                                                         "(kl_coef must then be 0).")
-    rollouts_path: str = Field(description="This iteration's rollouts.parquet (issue 14 contract).")
+    rollouts_path: str = Field(description="This iteration's rollouts.parquet (docs/rl.md#rollouts-table).")
     out_dir: str = Field(description="Where the updated policy is exported (HF format), atomically.")
     ckpt_dir: str = Field(description="Resumable DCP checkpoints of this update (scratch).")
     max_new_tokens: int | None = Field(None, gt=0, description="The rollout's max_new_tokens: Dr. GRPO's constant "

@@ -95,14 +95,16 @@ def _version(path: str) -> str:
 
 
 def require_setpriv() -> str:
-    """``setpriv`` (util-linux) drops root to a sandbox uid; without it, running as root cannot be isolated."""
+    """``setpriv`` (util-linux) drops root to a sandbox uid; without it, running as root cannot be isolated.
+    Its real path: it runs inside the sandbox, where only the system folders are mounted, not a PATH entry
+    that links to it."""
     path = shutil.which("setpriv")
     if path is None:
         raise SandboxUnavailable("setpriv (util-linux) is not installed; running as root, the sandbox needs it to "
                                  "drop to an unprivileged uid",
                                  hint="install util-linux (Debian/Ubuntu: apt-get install util-linux), or run "
                                       "codemill as a non-root user")
-    return path
+    return os.path.realpath(path)
 
 
 # --- why bwrap could not create its namespaces ---------------------------------------------------------

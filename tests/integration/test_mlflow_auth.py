@@ -211,3 +211,23 @@ def test_bad_credentials_fail_the_flow_at_start(auth_server, tiny_corpus, tmp_pa
     print(f"{identity[0]}: {denied.value}")
     assert not Path(cfg.store_root).exists() or not any(Path(cfg.store_root).rglob("manifest.json"))
     assert not Path(cfg.work_dir).exists() or not any(Path(cfg.work_dir).rglob("*.log"))
+
+
+@pytest.mark.parametrize("identity", [(PIPELINE[0], "wrong-password-000"), None], ids=["wrong-password", "anonymous"])
+def test_codemill_run_with_refused_credentials_stops_in_one_line(auth_server, tmp_path, monkeypatch, identity):
+    """The preflight asks the server with the run's own credentials: a refusal is an `error:` and a `hint:`
+    line, exit 2, before any flow run, store write or MLflow run."""
+    config = tmp_path / "auth.yaml"
+    config.write_text(f"name: {EXPERIMENT}\nmlflow_tracking_uri: {auth_server.uri}\nstore_root: {tmp_path / 'store'}\n"
+                      f"work_dir: {tmp_path / 'work'}\nevaluate:\n  suites: [bpb]\n")
+    use_identity(monkeypatch, identity)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    result = CliRunner().invoke(app, ["run", "--config", str(config)])
+    assert result.exit_code == 2, result.output
+    what = ("refused the credentials of user 'pipeline'" if identity else
+            "requires credentials and none were given (MLFLOW_TRACKING_USERNAME is not set)")
+    assert result.stderr.splitlines() == [
+        f"error: MLflow tracking server {auth_server.uri} {what} (HTTP 401)",
+        "hint: set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD to an identity of that server "
+        "(codemill mlflow-identities creates them)"], result.stderr
+    assert not (tmp_path / "store").exists()

@@ -1,7 +1,7 @@
 """The GRPO update under torchrun (2 ranks, gloo): it moves log-probs the way the advantages say, resumes exactly
 after SIGKILL, runs under DDP and FSDP2 alike, and exports the policy unchanged when no group has a signal.
 
-The policy is a tiny Llama with the project's BPE tokenizer; the rollouts table follows the issue 14 contract,
+The policy is a tiny Llama with the project's BPE tokenizer; the rollouts table follows docs/rl.md#rollouts-table,
 its log-probs computed by the policy itself (the sampler's convention), so the first ratio is 1."""
 
 from __future__ import annotations

@@ -1,0 +1,162 @@
+"""What a command's planned steps need from this machine, checked before its flow starts.
+
+A run that would die at its fifth stage for want of something the first second could see (no sandbox, a
+tracking server that refuses the password, an unwritable store, a GPU that is not there) stops at once, with
+one line per problem and a hint. ``codemill plan`` shows the same checks without failing. Only what the
+planned steps use is checked: the sandbox only when a step executes model or reference code (HumanEval,
+problems, RL), torchrun and the device only when a step trains.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from codemill.config import PipelineConfig
+from codemill.errors import UserFacingError
+
+MiB = 1 << 20
+DISK_MARGIN = 256 * MiB  # logs, caches and the data stages' artifacts, which the estimate leaves out
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    problem: str | None = None  # None: the check passed
+    detail: str = ""  # what was found, shown when it passed
+    hint: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.problem is None
+
+
+@dataclass(frozen=True)
+class Needs:
+    """What the planned steps of one command use."""
+
+    sandbox: bool = False
+    training: bool = False
+    devices: tuple[str, ...] = ()  # the device preferences ("auto", "cpu", "cuda") of the steps that train or sample
+
+
+def needs_of(command: str, cfg: PipelineConfig, until: str = "evaluate") -> Needs:
+    """The needs of ``command`` on ``cfg`` (``until`` for ``run``; ``evaluate`` uses the config's suites)."""
+    runs_humaneval = "humaneval" in cfg.evaluate.suites and not cfg.evaluate.humaneval.unsafe_no_sandbox
+    if command == "run":
+        trains = until in ("train", "evaluate")
+        return Needs(sandbox=until == "evaluate" and runs_humaneval, training=trains,
+                     devices=(cfg.train.device,) if trains else ())
+    if command == "calibrate":
+        return Needs(sandbox=runs_humaneval, training=True, devices=(cfg.train.device,))
+    if command == "evaluate":
+        return Needs(sandbox=runs_humaneval)
+    if command == "problems":
+        return Needs(sandbox=True)
+    if command == "rl":
+        return Needs(sandbox=True, training=True, devices=(cfg.train.device, cfg.rl.grpo.device))
+    if command == "serve":  # serves every deployment: the pipeline, evaluation, problems and RL
+        return Needs(sandbox=True, training=True, devices=(cfg.train.device,))
+    raise ValueError(f"no preflight for command {command!r}")
+
+
+def run_checks(cfg: PipelineConfig, needs: Needs) -> list[Check]:
+    checks: list[Callable[[], Check]] = [lambda: check_store(cfg), lambda: check_tracking(cfg)]
+    if needs.sandbox:
+        checks.append(check_sandbox)
+    if needs.training:
+        checks += [check_torchrun, lambda: check_disk(cfg)]
+    if "cuda" in needs.devices:
+        checks.append(check_cuda)
+    return [check() for check in checks]
+
+
+def check_store(cfg: PipelineConfig) -> Check:
+    from codemill.store import store_problem, writable_problem
+
+    problem = store_problem(cfg.store_root) or _prefixed("work_dir", writable_problem(cfg.work_dir))
+    if problem:
+        return Check("store", problem, hint="pass --store with a writable path or a reachable URL (and its "
+                                            "credentials), or fix the permissions")
+    return Check("store", detail=cfg.store_root)
+
+
+def _prefixed(what: str, problem: str | None) -> str | None:
+    return f"{what}: {problem}" if problem else None
+
+
+def check_tracking(cfg: PipelineConfig) -> Check:
+    import os
+
+    from codemill.lineage_check import check_local_tracking_store, check_tracking_credentials, check_tracking_server
+
+    uri = os.environ.get("MLFLOW_TRACKING_URI") or cfg.mlflow_tracking_uri
+    try:
+        check_tracking_server(uri, timeout=5)
+        check_tracking_credentials(uri, timeout=5)
+        check_local_tracking_store(uri)
+    except UserFacingError as e:
+        return Check("mlflow", str(e), hint=e.hint)
+    return Check("mlflow", detail=uri)
+
+
+def check_sandbox() -> Check:
+    from codemill.evals.sandbox import Sandbox, SandboxUnavailable
+
+    try:
+        info = Sandbox().probe()
+    except SandboxUnavailable as e:
+        return Check("sandbox", str(e), hint=e.hint)
+    return Check("sandbox", detail=f"{info['bwrap_origin']} {info['bwrap_version']} ({info['bwrap']})")
+
+
+def check_torchrun() -> Check:
+    """torchrun is ``python -m torch.distributed.run`` of this interpreter: torch must be importable here."""
+    if importlib.util.find_spec("torch") is None:
+        return Check("torchrun", "torch is not installed in this Python, so torchrun cannot start the trainer",
+                     hint="pip install -c constraints.txt torch==2.13.0 (the CPU wheel), or a CUDA build on GPU")
+    return Check("torchrun", detail="python -m torch.distributed.run")
+
+
+def check_cuda() -> Check:
+    import torch
+
+    if not torch.cuda.is_available():
+        return Check("device", "the config asks for device cuda, but torch sees no CUDA device here "
+                     f"(torch {torch.__version__}, CUDA build: {torch.version.cuda or 'no'})",
+                     hint="set train.device (and rl.grpo.device) to auto or cpu, or run on a GPU machine")
+    return Check("device", detail=f"cuda: {torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}")
+
+
+def checkpoint_bytes(cfg: PipelineConfig) -> int | None:
+    """Disk a training's checkpoints need in ``work_dir``: weights and the two AdamW moments (fp32) per kept
+    checkpoint plus the one being written, and the exported weights. None for a pretrained start (its size is
+    not known before it loads)."""
+    if cfg.train.init_from:
+        return None
+    m, vocab = cfg.train.model, cfg.tokenize.vocab_size
+    head_dim = m.hidden_size // m.num_heads
+    per_layer = (2 * m.hidden_size * m.hidden_size + 2 * m.hidden_size * head_dim * m.num_kv_heads
+                 + 3 * m.hidden_size * m.intermediate_size + 2 * m.hidden_size)
+    params = vocab * m.hidden_size + m.num_layers * per_layer + m.hidden_size  # embeddings tied to the head
+    return params * 4 * (3 * (cfg.train.keep_checkpoints + 1) + 1)
+
+
+def check_disk(cfg: PipelineConfig) -> Check:
+    need = checkpoint_bytes(cfg)
+    folder = Path(cfg.work_dir).absolute()
+    while not folder.exists():
+        folder = folder.parent
+    free = shutil.disk_usage(folder).free
+    if need is None:
+        return Check("disk", detail=f"{free / MiB:,.0f} MiB free in {folder} (checkpoint size unknown: "
+                                    "pretrained start)")
+    need += DISK_MARGIN
+    if free < need:
+        return Check("disk", f"{free / MiB:,.0f} MiB free in {folder}, the training needs about "
+                             f"{need / MiB:,.0f} MiB (checkpoints x{cfg.train.keep_checkpoints + 1} and export)",
+                     hint="free disk there, lower train.keep_checkpoints, or set work_dir elsewhere")
+    return Check("disk", detail=f"{free / MiB:,.0f} MiB free, about {need / MiB:,.0f} MiB needed")
