@@ -114,8 +114,8 @@ def _preflight(cfg: PipelineConfig, command: str, until: str = "evaluate") -> No
 @contextmanager
 def _known_failures(also: tuple[type[Exception], ...] = ()) -> Iterator[None]:
     """A failure the user can cause or fix (``codemill.errors.describe``, or one of ``also``) prints
-    ``error: <what>`` and ``hint: <fix>`` and exits 1, without a traceback unless --debug; anything else is a
-    bug and keeps its traceback. Prefect's own log lines, printed as the flow failed, stay as they are."""
+    ``error: <what>`` and ``hint: <fix>`` and exits 2 (like bad input), without a traceback unless --debug;
+    anything else is a bug and keeps its traceback (exit 1). Prefect's own log lines, printed as the flow failed, stay as they are."""
     from click.exceptions import ClickException, Exit
 
     try:
@@ -133,7 +133,7 @@ def _known_failures(also: tuple[type[Exception], ...] = ()) -> Iterator[None]:
         if hint:
             typer.echo(f"hint: {hint}", err=True)
         typer.echo(f"(--debug or {DEBUG_ENV}=1 shows the traceback)", err=True)
-        raise typer.Exit(1) from None
+        raise typer.Exit(2) from None
 
 
 ConfigOpt = Annotated[Path | None, typer.Option(help="Pipeline config YAML (instead of --preset).")]

@@ -124,11 +124,11 @@ def test_plan_shows_the_checks_and_does_not_fail(empty_dir, small_corpus, tmp_pa
 
 def test_a_known_failure_during_a_run_is_one_line_and_debug_shows_the_traceback(empty_dir, tmp_path):
     """A model that is not there: the flow starts (Prefect logs its failure as usual), and the command ends
-    with `error:` naming it and exit status 1; with --debug, the traceback."""
+    with `error:` naming it and exit status 2; with --debug, the traceback (exit 1, as any exception)."""
     missing = tmp_path / "no-such-model"
     args = ["evaluate", str(missing), "--suite", "bpb", "--no-gate"]
     out = codemill(args, empty_dir, env={"PREFECT_SERVER_ANALYTICS_ENABLED": "false"})
-    assert out.returncode == 1, out.stderr
+    assert out.returncode == 2, out.stderr
     lines = out.stderr.splitlines()
     errors = [i for i, ln in enumerate(lines) if ln.startswith("error: ")]
     assert len(errors) == 1, out.stderr
