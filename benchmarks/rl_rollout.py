@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import platform
 import statistics
-import subprocess
 import tempfile
 import time
 from importlib.metadata import version
@@ -61,10 +60,11 @@ def tiny_policy(root: Path) -> Path:
 
 
 def bwrap_version() -> str:
-    try:
-        return subprocess.run(["bwrap", "--version"], capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "bwrap ?"
+    """The bwrap the judge pool runs (the system's or the bundled one: ``CODEMILL_BWRAP``) and its version."""
+    from codemill.evals.sandbox.binary import resolve
+
+    found = resolve()
+    return f"{found.version} ({found.origin})"
 
 
 def main() -> None:

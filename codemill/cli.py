@@ -112,8 +112,8 @@ def _preflight(cfg: PipelineConfig, command: str, until: str = "evaluate") -> No
 
 
 @contextmanager
-def _known_failures(also: tuple[type[Exception], ...] = ()) -> Iterator[None]:
-    """A failure the user can cause or fix (``codemill.errors.describe``, or one of ``also``) prints
+def _known_failures() -> Iterator[None]:
+    """A failure the user can cause or fix (``codemill.errors.describe``) prints
     ``error: <what>`` and ``hint: <fix>`` and exits 2 (like bad input), without a traceback unless --debug;
     anything else is a bug and keeps its traceback (exit 1). Prefect's own log lines, printed as the flow
     failed, stay as they are."""
@@ -124,9 +124,9 @@ def _known_failures(also: tuple[type[Exception], ...] = ()) -> Iterator[None]:
     except (Exit, ClickException):
         raise
     except Exception as e:
-        from codemill.errors import describe, one_line
+        from codemill.errors import describe
 
-        found = describe(e) or ((one_line(str(e)), None) if isinstance(e, also) else None)
+        found = describe(e)
         if found is None or _debug():
             raise
         what, hint = found
@@ -276,10 +276,9 @@ def problems(config: ConfigOpt = None, preset: PresetOpt = None, store: StoreOpt
     print_problem_counts(result, wall_s)
 
 
-def _run_on_problem_sources(cfg: PipelineConfig, command: str, start, also: tuple[type[Exception], ...] = (),
-                            ) -> tuple[dict, float]:
+def _run_on_problem_sources(cfg: PipelineConfig, command: str, start) -> tuple[dict, float]:
     """A flow that reads ``cfg.problems``: a missing file or bucket is one line before anything starts; a
-    malformed line or file (or one of ``also``) is named after the flow stopped, and nothing is committed."""
+    malformed line or file is named after the flow stopped, and nothing is committed."""
     from codemill.data.sources import SourceError
     from codemill.evals.problem_sets import ProblemFileError, fingerprint_problem_sources
 
@@ -290,7 +289,7 @@ def _run_on_problem_sources(cfg: PipelineConfig, command: str, start, also: tupl
     _preflight(cfg, command)
     _prefect_defaults(cfg)
     t0 = time.perf_counter()
-    with _known_failures(also), _progress():
+    with _known_failures(), _progress():
         out = start()
     return out, time.perf_counter() - t0
 
@@ -318,7 +317,7 @@ def rl(config: ConfigOpt = None, preset: PresetOpt = None, store: StoreOpt = Non
 
         return rl_flow(config=cfg, model=model)
 
-    out, wall_s = _run_on_problem_sources(cfg, "rl", start, also=(FileNotFoundError,))  # FileNotFoundError: --model
+    out, wall_s = _run_on_problem_sources(cfg, "rl", start)
     if as_json:
         import json
 
@@ -426,7 +425,7 @@ def evaluate(
     from codemill.flows.evaluate import evaluate as evaluate_flow
 
     t0 = time.perf_counter()
-    with _known_failures((FileNotFoundError,)), _progress():
+    with _known_failures(), _progress():
         out = evaluate_flow(model=model, config=cfg, corpus=corpus, samples_file=str(samples) if samples else None)
     print_summary(out, time.perf_counter() - t0)
 

@@ -8,6 +8,8 @@ import here: every layer may raise these.
 
 from __future__ import annotations
 
+import sys
+
 
 class UserFacingError(Exception):
     """A failure with a one-line cause and, optionally, a one-line fix."""
@@ -30,30 +32,26 @@ def describe(exc: BaseException) -> tuple[str, str | None] | None:
     sources, problem files, lineage, a trainer that died with its last error, an incomplete artifact)."""
     if isinstance(exc, UserFacingError):
         return one_line(str(exc)), exc.hint
-    for kind, hint in _known_kinds():
-        if isinstance(exc, kind):
-            return one_line(str(exc) or type(exc).__name__), hint
+    for module, name, hint in KNOWN:
+        kind = getattr(sys.modules.get(module), name, None)  # never imported: exc cannot be one of its kind
+        if isinstance(kind, type) and isinstance(exc, kind):
+            lines = getattr(exc, "lines", None)  # a ConfigError's problems, each already one line
+            what = ("; ".join(lines) if lines else getattr(exc, "last_error", None)) or str(exc) or type(exc).__name__
+            return one_line(what), hint
     return None
 
 
-def _known_kinds() -> list[tuple[type[BaseException], str | None]]:
-    """Imported lazily: these modules are cheap, but this module must import nothing at load time."""
-    from codemill.config import ConfigError
-    from codemill.data.folder_source import SourceNotFoundError
-    from codemill.data.sources import SourceError
-    from codemill.evals.problem_sets import ProblemFileError
-    from codemill.lineage_read import LineageError
-    from codemill.models.checkpoint import CheckpointDirBusy
-    from codemill.models.launch import TrainingFailed
-    from codemill.store import IncompleteArtifactError
-
-    return [
-        (ConfigError, None),
-        (SourceNotFoundError, "check the source path in the config or --source"),
-        (SourceError, None),
-        (ProblemFileError, "fix or remove the named line; nothing was committed"),
-        (LineageError, None),
-        (TrainingFailed, "the trainer's log above has the full output; rerun resumes from the last checkpoint"),
-        (CheckpointDirBusy, "another trainer holds this checkpoint folder; wait for it or stop it"),
-        (IncompleteArtifactError, "the artifact was never committed; rerun to rebuild it"),
-    ]
+# (module, class, hint): looked up in sys.modules, so describing an error imports nothing (no torch or MLflow
+# in an error path, and no import error masking the error being described).
+KNOWN: list[tuple[str, str, str | None]] = [
+    ("codemill.config", "ConfigError", None),
+    ("codemill.data.folder_source", "SourceNotFoundError", "check the source path in the config or --source"),
+    ("codemill.data.sources", "SourceError", None),
+    ("codemill.evals.problem_sets", "ProblemFileError", "fix or remove the named line; nothing was committed"),
+    ("codemill.lineage_read", "LineageError", None),
+    ("codemill.models.launch", "TrainingFailed",
+     "the trainer's output above has the rest; a rerun resumes from the last committed checkpoint"),
+    ("codemill.models.checkpoint", "CheckpointDirBusy", "another trainer holds this checkpoint folder; wait for "
+                                                        "it or stop it"),
+    ("codemill.store", "IncompleteArtifactError", "the artifact was never committed; rerun to rebuild it"),
+]

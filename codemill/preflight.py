@@ -89,15 +89,19 @@ def _prefixed(what: str, problem: str | None) -> str | None:
 
 
 def check_tracking(cfg: PipelineConfig) -> Check:
-    import os
+    """The tracking store the run will use (``mlflow_tracking_uri``, as the flows read it): an HTTP server must
+    answer and accept this client's credentials (one authenticated read through MLflow's client, the run's
+    own first call); a SQLite or file store's folder must be writable."""
+    from codemill.lineage_check import check_local_tracking_store, check_tracking_server, is_http
 
-    from codemill.lineage_check import check_local_tracking_store, check_tracking_credentials, check_tracking_server
-
-    uri = os.environ.get("MLFLOW_TRACKING_URI") or cfg.mlflow_tracking_uri
+    uri = cfg.mlflow_tracking_uri
     try:
         check_tracking_server(uri, timeout=5)
-        check_tracking_credentials(uri, timeout=5)
         check_local_tracking_store(uri)
+        if is_http(uri):
+            from codemill.lineage import check_credentials
+
+            check_credentials(uri)
     except UserFacingError as e:
         return Check("mlflow", str(e), hint=e.hint)
     return Check("mlflow", detail=uri)
@@ -105,11 +109,15 @@ def check_tracking(cfg: PipelineConfig) -> Check:
 
 def check_sandbox() -> Check:
     from codemill.evals.sandbox import Sandbox, SandboxUnavailable
+    from codemill.evals.sandbox.uids import NoFreeUid
 
     try:
         info = Sandbox().probe()
     except SandboxUnavailable as e:
         return Check("sandbox", str(e), hint=e.hint)
+    except NoFreeUid as e:
+        return Check("sandbox", f"the sandbox cannot start: {e}", hint="wait for the other sandboxes on this "
+                                                                      "machine to finish")
     return Check("sandbox", detail=f"{info['bwrap_origin']} {info['bwrap_version']} ({info['bwrap']})")
 
 
@@ -122,6 +130,9 @@ def check_torchrun() -> Check:
 
 
 def check_cuda() -> Check:
+    if importlib.util.find_spec("torch") is None:
+        return Check("device", "the config asks for device cuda, but torch is not installed",
+                     hint="install a CUDA build of torch, or set train.device to auto or cpu")
     import torch
 
     if not torch.cuda.is_available():

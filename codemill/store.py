@@ -102,9 +102,10 @@ def writable_problem(folder: str | Path) -> str | None:
 
 
 def store_problem(root: str, timeout_s: float = 15.0) -> str | None:
-    """Why the store at ``root`` cannot be used, or None: a local one must be writable, a remote one must
-    answer (its bucket listed) within ``timeout_s``, credentials included."""
-    import concurrent.futures
+    """Why the store at ``root`` cannot be used, or None: a local one must be writable; a remote one must
+    answer for the store's own prefix (credentials scoped to it suffice) within ``timeout_s``. A prefix that
+    does not exist yet is fine (the run creates it); a bucket that does not exist is not."""
+    import threading
 
     try:
         fs, path = fsspec.core.url_to_fs(root)
@@ -113,17 +114,31 @@ def store_problem(root: str, timeout_s: float = 15.0) -> str | None:
     if isinstance(fs, LocalFileSystem):
         problem = writable_problem(path)
         return f"store {root}: {problem}" if problem else None
-    top = path.strip("/").split("/", 1)[0]
-    pool = concurrent.futures.ThreadPoolExecutor(1)
-    try:
-        pool.submit(fs.ls, top).result(timeout=timeout_s)
-    except concurrent.futures.TimeoutError:
+    outcome: list[str | None] = []
+
+    def ask() -> None:  # on a daemon thread: a client stuck in its retries cannot hold up the exit
+        try:
+            fs.ls(path)
+            outcome.append(None)
+        except FileNotFoundError:
+            bucket = path.strip("/").split("/", 1)[0]
+            try:
+                fs.ls(bucket)
+                outcome.append(None)
+            except FileNotFoundError:
+                outcome.append(f"store {root}: bucket {bucket!r} does not exist")
+            except Exception:  # noqa: BLE001 - the prefix answered as missing; a bucket-wide refusal is fine
+                outcome.append(None)
+        except Exception as e:  # noqa: BLE001 - any client error (credentials, DNS, refused) is the answer
+            first = str(e).splitlines()[0] if str(e) else ""
+            outcome.append(f"store {root} is not reachable: {type(e).__name__}: {first}")
+
+    worker = threading.Thread(target=ask, daemon=True, name="store-check")
+    worker.start()
+    worker.join(timeout_s)
+    if not outcome:
         return f"store {root} did not answer within {timeout_s:.0f} s"
-    except Exception as e:  # noqa: BLE001 - any client error (auth, DNS, missing bucket) is the answer
-        return f"store {root} is not reachable: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-    finally:
-        pool.shutdown(wait=False)
-    return None
+    return outcome[0]
 
 
 class ArtifactStore:

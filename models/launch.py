@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -17,7 +18,28 @@ from codemill.models import lifeline
 
 
 class TrainingFailed(RuntimeError):
-    pass
+    """torchrun failed or timed out; the message carries its last output, ``last_error`` its last line (the
+    error a rank printed last), which is what a one-line report shows."""
+
+    def __init__(self, message: str, tail: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        head = (message.splitlines()[0] if message else "torchrun failed").removesuffix(" Last output:")
+        error = last_exception_line(tail)
+        self.last_error = f"{head.rstrip('.;')}: {error}" if error else head
+
+
+# "ValueError: ...", "torch.OutOfMemoryError: ...", optionally behind torchrun's "[rank0]: " prefix; torchrun's
+# own ChildFailedError summary names no cause, so it is passed over.
+_EXCEPTION_LINE = re.compile(r"^(?:\[rank\d+\]:\s*)?([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt)\b(?::.*)?)$")
+
+
+def last_exception_line(lines: Sequence[str]) -> str | None:
+    """The last line of the output that names an exception (the error a rank died of), or None."""
+    for line in reversed(lines):
+        match = _EXCEPTION_LINE.match(line.strip())
+        if match and "ChildFailedError" not in match.group(1):
+            return match.group(1)
+    return None
 
 
 def torchrun_command(spec_path: str, nproc_per_node: int, *, nnodes: str = "1", max_restarts: int = 0,
@@ -82,9 +104,9 @@ def run_streaming(cmd: list[str], env: dict[str, str], timeout_s: float,
         os.close(line_w)  # the job is over either way; any rank still alive dies at the lifeline's end
     if timed_out.is_set():
         raise TrainingFailed(f"training timed out after {timeout_s:.0f}s; killed. Last output:\n"
-                             + "\n".join(tail))
+                             + "\n".join(tail), tail)
     if rc != 0:
-        raise TrainingFailed(f"torchrun exited with code {rc}. Last output:\n" + "\n".join(tail))
+        raise TrainingFailed(f"torchrun exited with code {rc}. Last output:\n" + "\n".join(tail), tail)
 
 
 def kill_group(proc: subprocess.Popen, sig: signal.Signals = signal.SIGTERM, grace_s: float = 10) -> None:

@@ -61,6 +61,7 @@ def _record(plan: StagePlan, sources: list[dict]):
         tags: dict[str, Any] = {}
         for i, s in enumerate(sources):
             tags |= {T.problem_source(i, k): s[k] for k in ("name", "kind", "root", "fingerprint")}
+        tags |= {T.sandbox(k): v for k, v in m.stats.get("sandbox", {}).items()}
         lineage.tag(run_id, tags)
         st = m.stats
         metrics = {"problems": st["problems"], **{f"{k}.problems": v for k, v in st["splits"].items()},

@@ -7,9 +7,14 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from codemill import tags as T
+from codemill.errors import UserFacingError
 from codemill.hashing import combine_digests, sha256_file
 from codemill.store import MANIFEST, ArtifactRef, Manifest
 from codemill.tasks.common import RunContext, StageResult
+
+
+class ModelNotFound(UserFacingError, FileNotFoundError):
+    """A model named on the command line or in a deployment run that is nowhere to be found."""
 
 
 class ResolvedModel(BaseModel):
@@ -55,7 +60,9 @@ def resolve_model(ctx: RunContext, spec: str) -> ResolvedModel:
                              hf_dir=str(dst), model_id=spec)
     path = Path(spec).expanduser()
     if not path.exists():
-        raise FileNotFoundError(f"model not found: {spec} (a LoggedModel id, a store artifact or an HF folder)")
+        raise ModelNotFound(f"model not found: {spec} (a LoggedModel id, a store artifact or an HF folder)",
+                            hint="pass a LoggedModel id (m-...), a store train or policy artifact folder, or a "
+                                 "Hugging Face model folder")
     if (path / MANIFEST).exists():
         m = Manifest.model_validate_json((path / MANIFEST).read_text())
         ref = store.ref(m.stage, m.name, m.digest)

@@ -45,7 +45,7 @@ def resolve(requested: str | None = None) -> Bwrap:
     want = requested or choice()
     if want not in CHOICES:
         return _explicit(want)
-    system = shutil.which("bwrap")
+    system = _system_bwrap()
     if want == "system" or (want == "auto" and system):
         if system is None:
             raise SandboxUnavailable(f"{ENV}=system but no bwrap is on PATH",
@@ -54,6 +54,15 @@ def resolve(requested: str | None = None) -> Bwrap:
         return Bwrap(system, "system", _version(system))
     bundled = _bundled()
     return Bwrap(bundled, "bundled", _version(bundled))
+
+
+def _system_bwrap() -> str | None:
+    """The bwrap on PATH as an absolute real path, or None. A relative hit (an empty or ``.`` PATH entry) is
+    ignored: a ``bwrap`` planted in whatever folder a command starts in must never be taken for the sandbox."""
+    found = shutil.which("bwrap")
+    if found is None or not os.path.isabs(found):
+        return None
+    return os.path.realpath(found)
 
 
 def _bundled() -> str:
@@ -78,7 +87,26 @@ def _explicit(path: str) -> Bwrap:
                                  hint=f"set {ENV} to auto, system, bundled or /path/to/bwrap")
     if not (os.path.isfile(path) and os.access(path, os.X_OK)):
         raise SandboxUnavailable(f"{ENV}={path}: no executable file there", hint=f"unset {ENV} or fix the path")
-    return Bwrap(path, "explicit", _version(path))
+    real = os.path.realpath(path)
+    if os.geteuid() == 0:
+        unsafe = _writable_by_others(real)
+        if unsafe:
+            raise SandboxUnavailable(f"{ENV}={path}: {unsafe}; as root, the sandbox runs only a bwrap that no "
+                                     "other user can replace", hint=f"chown root and chmod go-w it, or unset {ENV}")
+    return Bwrap(real, "explicit", _version(real))
+
+
+def _writable_by_others(path: str) -> str | None:
+    """Why a file (or its folder) could be replaced by a user other than root, or None."""
+    import stat
+
+    for target in (path, os.path.dirname(path)):
+        st = os.stat(target)
+        if st.st_uid != 0:
+            return f"{target} is owned by uid {st.st_uid}, not root"
+        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            return f"{target} is writable by its group or by others"
+    return None
 
 
 @functools.lru_cache(maxsize=8)
@@ -133,7 +161,7 @@ def namespace_refusal(stderr: str, sysctls: dict[str, str], as_root: bool) -> Sa
     if not any(marker in stderr.lower() for marker in NAMESPACE_REFUSALS):
         return None
     said = stderr.strip().splitlines()[-1].strip() if stderr.strip() else ""
-    if sysctls.get("user.max_user_namespaces") == "0":
+    if sysctls.get("user.max_user_namespaces") == "0" and not as_root:
         cause, fix = "user.max_user_namespaces=0", "sysctl -w user.max_user_namespaces=15000"
     elif sysctls.get("kernel.unprivileged_userns_clone") == "0" and not as_root:
         cause, fix = "kernel.unprivileged_userns_clone=0", "sysctl -w kernel.unprivileged_userns_clone=1"

