@@ -1,6 +1,6 @@
 """Errors a user can cause or fix, and how the command line shows them.
 
-An exception that subclasses :class:`UserFacingError` (or is listed by :func:`known_error`) is a known failure:
+An exception that subclasses :class:`UserFacingError` (or is one of the kinds in ``KNOWN``) is a known failure:
 the command line prints ``error: <what>`` and, where there is a fix, ``hint: <fix>``, with no traceback
 (``--debug`` or ``CODEMILL_DEBUG=1`` shows it). Anything else is a bug and keeps its traceback. No third-party
 import here: every layer may raise these.

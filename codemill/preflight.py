@@ -13,7 +13,6 @@ import importlib.util
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 from codemill.config import PipelineConfig
 from codemill.errors import UserFacingError
@@ -158,9 +157,9 @@ def checkpoint_bytes(cfg: PipelineConfig) -> int | None:
 
 def check_disk(cfg: PipelineConfig) -> Check:
     need = checkpoint_bytes(cfg)
-    folder = Path(cfg.work_dir).absolute()
-    while not folder.exists():
-        folder = folder.parent
+    from codemill.store import nearest_existing
+
+    folder = nearest_existing(cfg.work_dir)
     free = shutil.disk_usage(folder).free
     if need is None:
         return Check("disk", detail=f"{free / MiB:,.0f} MiB free in {folder} (checkpoint size unknown: "

@@ -82,15 +82,21 @@ class IncompleteArtifactError(RuntimeError):
     pass
 
 
+def nearest_existing(path: str | Path) -> Path:
+    """``path`` (absolute) or its nearest ancestor that exists: where a folder not made yet would be made."""
+    found = Path(path).absolute()
+    while not found.exists():
+        found = found.parent
+    return found
+
+
 def writable_problem(folder: str | Path) -> str | None:
     """Why files cannot be created under ``folder`` (which need not exist yet), or None when they can.
 
     Tried for real, with a temporary file in the nearest folder that exists (deleted at once): permission
     bits do not tell root the truth, nor a read-only mount, a full disk or a path through a regular file."""
     path = Path(folder).absolute()
-    probe = path
-    while not probe.exists():
-        probe = probe.parent
+    probe = nearest_existing(path)
     if not probe.is_dir():
         return f"{probe} is a file, not a folder, so {path} cannot be created"
     try:
