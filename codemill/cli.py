@@ -182,10 +182,14 @@ def run(config: ConfigOpt = None, source: SourceOpt = None, preset: PresetOpt = 
 def calibrate(config: ConfigOpt = None, source: SourceOpt = None, preset: PresetOpt = None, store: StoreOpt = None,
               seeds: Annotated[int, typer.Option(min=2, help="Seeds in the calibration; trainings of this config "
                                                             "already in the store count.")] = 5,
+              from_champion: Annotated[bool, typer.Option(
+                  "--from-champion", help="Fine-tune every seed from the champion, as nightly does: calibrates "
+                                          "the nightly chain (it stays calibrated as the champion changes).")] = False,
               as_json: AsJson = False) -> None:
     """Train N seeds of one config (data stages cached), evaluate each, and store the between-seed noise of
-    every metric; the gate adds it when a model of this config is the champion. Prints per metric the seed
-    SD, the item-level SE and the minimum detectable effect at 80% power."""
+    every metric; the gate adds it when a model of this recipe (any seed, any starting weights) is the
+    champion. Prints per metric the seed SD, the item-level SE and the minimum detectable effect at 80%
+    power."""
     cfg = build_config(config, preset, source, store)
     _preflight(cfg, "calibrate")
     _prefect_defaults(cfg)
@@ -195,7 +199,7 @@ def calibrate(config: ConfigOpt = None, source: SourceOpt = None, preset: Preset
 
     t0 = time.perf_counter()
     with _known_failures(), _progress():
-        out = with_task_runner(calibrate_flow, cfg)(config=cfg, seeds=seeds)
+        out = with_task_runner(calibrate_flow, cfg)(config=cfg, seeds=seeds, from_champion=from_champion)
     if as_json:
         import json
 

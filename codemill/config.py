@@ -236,6 +236,10 @@ class TrainConfig(StageConfig):
                                                     "optimizer step.")
     seed: int = Field(1234, description="Seed of the initial weights (scratch model, LoRA adapters) and of the "
                                         "data order.")
+    seeds: int = runtime_only(default=1, ge=1, le=64, description="Train this many seeds of the candidate (seed, "
+                              "seed + 1, ...; data stages shared), evaluate each, and gate the mean of their "
+                              "scores with their spread as the seed noise; the model of `seed` is the one "
+                              "promoted. Costs N trainings and evaluations.")
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="Autocast dtype (bf16 on GPU).")
     compile: bool = Field(False, description="torch.compile the model (GPU).")
     val_sequences: int = Field(64, ge=0, description="Held-out rows scored at every checkpoint (val loss picks "

@@ -354,23 +354,23 @@ class Lineage:
         self.client.log_metric(run_id, key, float(value), step=step, model_id=model_id,
                                dataset_name=dataset_name, dataset_digest=mlflow_digest(dataset.digest))
 
-    def link_calibration(self, run_id: str, config_key: str, ref: ArtifactRef, registered_model: str,
+    def link_calibration(self, run_id: str, recipe_key: str, ref: ArtifactRef, registered_model: str,
                          model_ids: list[str], noise: dict[str, dict[str, Any]]) -> None:
-        """A noise calibration in MLflow: its run carries the config key, the registered model and each metric's
+        """A noise calibration in MLflow: its run carries the recipe key, the registered model and each metric's
         seed SD / item SE; the registered model and every seed's LoggedModel point at the artifact."""
         from mlflow.exceptions import MlflowException
 
-        self.tag(run_id, {T.CONFIG_KEY: config_key, T.REGISTERED_MODEL: registered_model,
+        self.tag(run_id, {T.RECIPE_KEY: recipe_key, T.REGISTERED_MODEL: registered_model,
                           T.CALIBRATION_URI: ref.uri})
         self.log_metrics(run_id, {f"{k}_{name}": v[k] for name, v in noise.items()
                                   for k in ("seed_sd", "item_se", "n_seeds")})
         with contextlib.suppress(MlflowException):  # it exists already
             self.client.create_registered_model(registered_model)
-        self.client.set_registered_model_tag(registered_model, T.calibration(config_key),
+        self.client.set_registered_model_tag(registered_model, T.calibration(recipe_key),
                                              json.dumps({"uri": ref.uri, "run_id": run_id,
                                                          "n_seeds": len(model_ids)}))
         for model_id in model_ids:
-            self.client.set_logged_model_tags(model_id, {T.CONFIG_KEY: config_key, T.CALIBRATION_URI: ref.uri})
+            self.client.set_logged_model_tags(model_id, {T.RECIPE_KEY: recipe_key, T.CALIBRATION_URI: ref.uri})
 
     def logged_model_tags(self, model_id: str) -> dict[str, str]:
         return dict(self.client.get_logged_model(model_id).tags)

@@ -123,7 +123,25 @@ def summary_lines(out: Mapping[str, Any], wall_s: float) -> list[str]:
                                      f"version {g['champion_version']}", LOG_WIDTH, subsequent_indent="  ")]
         for m in g.get("metrics") or []:
             lines += metric_lines(m)
+        if g.get("metrics") and not g.get("calibrated"):
+            lines += textwrap.wrap(calibrate_advice(g.get("calibrate_advice", "codemill calibrate --seeds 5"),
+                                                    out["stages"]), LOG_WIDTH, subsequent_indent="  ")
     return lines
+
+
+def calibrate_advice(command: str, stages: Mapping[str, Any]) -> str:
+    """One line: what to run for a calibrated verdict and about how long it takes, from what this run's
+    training and evaluations cost (when they ran)."""
+    import re
+
+    seeds = int(m.group(1)) if (m := re.search(r"--seeds (\d+)", command)) else 5
+    ran = {k: st for k, st in stages.items() if k == "train" or k.startswith("eval:")}
+    walls = [float(w) for st in ran.values() if st.get("status") == "ran"
+             and (w := (st.get("cost") or {}).get("wall_s")) is not None]
+    each = sum(walls)
+    cost = (f"about {max(1, round(seeds * each / 60))} min here: {seeds} x {each:.0f} s of training and evaluation"
+            if "train" in ran and len(walls) == len(ran) else f"{seeds} trainings and evaluations of this config")
+    return f"for a calibrated verdict: {command} ({cost}; trainings already in the store count)"
 
 
 def calibration_lines(out: Mapping[str, Any], wall_s: float) -> list[str]:
@@ -131,7 +149,7 @@ def calibration_lines(out: Mapping[str, Any], wall_s: float) -> list[str]:
     the MDE at 80% power, then the cost of each stage."""
     from codemill.cost import cost_line
 
-    lines = [f"codemill calibrate finished in {wall_s:.1f}s: config {out['config_key'][:12]}, "
+    lines = [f"codemill calibrate finished in {wall_s:.1f}s: recipe {out['recipe_key'][:12]}, "
              f"seeds {out['seeds']}", *textwrap.wrap(f"artifact: {out['calibration']}", LOG_WIDTH), "",
              f"{'metric':<27}{'seed SD':>9}{'item SE':>9}{'SE cmp':>9}{'MDE +':>9}{'MDE -':>9}"]
     for r in out["metrics"]:

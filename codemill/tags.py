@@ -26,14 +26,14 @@ GATE_CHAMPION_VERSION = "codemill.gate.champion_version"
 FAILURE = "codemill.failure"
 FAILED_STATE = "codemill.failed_state"
 UNTIL = "codemill.until"
-CONFIG_KEY = "codemill.config_key"  # calibration run / LoggedModel: the train config digest apart from the seed
+RECIPE_KEY = "codemill.recipe_key"  # calibration run / LoggedModel: the training recipe apart from seed and weights
 CALIBRATION_URI = "codemill.calibration.uri"  # LoggedModel / calibration run: the noise artifact
 REGISTERED_MODEL = "codemill.registered_model"  # calibration run: the registered model it calibrates
 
 
-def calibration(config_key: str) -> str:
-    """Registered model tag: where the calibration of one config (by its key) lives."""
-    return f"codemill.calibration.{config_key[:16]}"
+def calibration(recipe_key: str) -> str:
+    """Registered model tag: where the calibration of one recipe (by its key) lives."""
+    return f"codemill.calibration.{recipe_key[:16]}"
 
 
 FLOW_RUN = "prefect.flow_run_id"

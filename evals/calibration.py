@@ -1,7 +1,18 @@
-"""Noise calibrations: what identifies "one config apart from the seed", the per-metric seed noise of N seeds'
-evaluations, and finding a config's calibration in the store. No Prefect, no MLflow.
+"""Noise calibrations: which trainings are seeds of one another, which calibration applies to a model, the
+per-metric seed noise of N seeds' evaluations, and finding a calibration in the store. No Prefect, no MLflow.
 
-A calibration artifact (stage ``calibrate``) holds ``noise.json``: the config key, the seeds (model digest and
+Two keys, for two questions:
+
+- the **config key** (``config_key``): the train stage's digest with the seed left out. Trainings with equal
+  keys differ only in the seed (same data, weights to start from, model, optimiser, steps, code version):
+  ``codemill calibrate`` reuses them as seeds.
+- the **recipe key** (``recipe_key``): the configs and code versions of the chain that made a model (ingest,
+  tokenizer, tokens, train) with the seed, the starting weights (``init_from``) and the data's content left
+  out. It says "trained the same way", so a calibration keyed by it applies to tomorrow's model of the same
+  recipe: the nightly chain, which fine-tunes from a new champion on a grown corpus every night, stays
+  calibrated. Whether a training starts from weights at all (fine-tune vs scratch) is part of the recipe.
+
+A calibration artifact (stage ``calibrate``) holds ``noise.json``: both keys, the seeds (model digest and
 LoggedModel id of each) and, per metric, every seed's value on the same eval items, the between-seed SD and
 the RMS paired item-level SE between two seeds.
 """
@@ -21,7 +32,7 @@ from codemill.store import ArtifactRef, ArtifactStore, Manifest
 
 STAGE = "calibrate"
 NAME = "noise"
-CODE_VERSION = "calibrate-v1"
+CODE_VERSION = "calibrate-v2"
 NOISE_FILE = "noise.json"
 SEED_KEY = "seed"
 
@@ -31,6 +42,60 @@ def config_key(code_version: str, config: Mapping[str, Any], input_digests: Mapp
     seed (same data, model, optimiser, steps, code version)."""
     return stage_digest("train-apart-from-seed", code_version, {k: v for k, v in config.items() if k != SEED_KEY},
                         dict(input_digests))
+
+
+# Config entries that vary between trainings of one recipe: the seed, the starting weights (and the tokenizer
+# folder they bring). Source fingerprints (the data's content) are inputs, never part of a recipe.
+VOLATILE_KEYS: dict[str, tuple[str, ...]] = {"train": ("seed", "init_from"), "tokenizer": ("base_tokenizer",)}
+RECIPE_VERSION = "recipe-v1"
+# Input name of a stage -> (stage, artifact name) of the artifact it names.
+UPSTREAM: dict[str, tuple[str, str]] = {"tokens": ("tokenize", "tokens"), "tokenizer": ("tokenizer", "tokenizer"),
+                                        "corpus": ("ingest", "corpus")}
+RECIPE_STAGES = ("ingest", "tokenizer", "tokenize", "train")
+
+
+def stage_recipe(stage: str, code_version: str, config: Mapping[str, Any], input_names: Sequence[str]) -> dict:
+    """One stage of a recipe: its code version, its config less the volatile keys, the names (not the digests)
+    of the artifacts it was made from (source fingerprints left out)."""
+    drop = VOLATILE_KEYS.get(stage, ())
+    return {"code_version": code_version, "config": {k: v for k, v in config.items() if k not in drop},
+            "inputs": sorted(n for n in input_names if not n.startswith("source."))}
+
+
+def recipe_key(recipe: Mapping[str, Any]) -> str:
+    return stage_digest("recipe", RECIPE_VERSION, dict(recipe), {})
+
+
+def recipe_of_plans(plans: Sequence[Any]) -> dict[str, Any]:
+    """The recipe of a planned training, from the StagePlans of its chain (ingest, tokenizer, tokenize, train)."""
+    by_stage = {p.stage: p for p in plans if p.stage in RECIPE_STAGES}
+    missing = [s for s in RECIPE_STAGES if s not in by_stage]
+    if missing:
+        raise ValueError(f"a recipe needs the plans of {list(RECIPE_STAGES)}; missing {missing}")
+    out: dict[str, Any] = {s: stage_recipe(s, p.code_version, p.config, list(p.inputs)) for s, p in by_stage.items()}
+    out["fine_tune"] = bool(by_stage["train"].config.get("init_from"))
+    return out
+
+
+def recipe_of_model(store: ArtifactStore, train: Manifest) -> dict[str, Any] | None:
+    """The recipe of a committed training, walked from its manifest up its chain in the store (None when a
+    link of the chain is not in this store)."""
+    out: dict[str, Any] = {"train": stage_recipe("train", train.code_version, train.config, list(train.inputs)),
+                           "fine_tune": bool(train.config.get("init_from"))}
+    frontier = [train]
+    while frontier:
+        m = frontier.pop()
+        for name, digest in m.inputs.items():
+            if name not in UPSTREAM or UPSTREAM[name][0] in out:
+                continue
+            stage, artifact = UPSTREAM[name]
+            ref = store.ref(stage, artifact, digest)
+            if not store.is_committed(ref):
+                return None
+            up = store.read_manifest(ref)
+            out[stage] = stage_recipe(stage, up.code_version, up.config, list(up.inputs))
+            frontier.append(up)
+    return out if all(s in out for s in RECIPE_STAGES) else None
 
 
 def manifest_key(m: Manifest) -> str:
@@ -97,13 +162,13 @@ def summary_rows(noise: Mapping[str, SeedNoise], alpha: float, margins: Mapping[
 
 
 def find_calibration(store: ArtifactStore, key: str) -> tuple[ArtifactRef, dict[str, Any]] | None:
-    """The calibration of this config key with the most seeds (the newest among equals), if any."""
+    """The calibration of this recipe key with the most seeds (the newest among equals), if any."""
     best: tuple[tuple[int, str], ArtifactRef, dict[str, Any]] | None = None
     for ref in store.list(STAGE):
         if not store.is_committed(ref):
             continue
         m = store.read_manifest(ref)
-        if m.config.get("config_key") != key:
+        if m.config.get("recipe_key") != key:
             continue
         with store.open_file(ref, NOISE_FILE, "r") as fh:
             payload = json.load(fh)
@@ -117,8 +182,63 @@ def noise_of(payload: Mapping[str, Any]) -> dict[str, SeedNoise]:
     return {k: SeedNoise.from_dict(v) for k, v in payload["metrics"].items()}
 
 
-def calibration_for_model(store: ArtifactStore, model_digest: str | None) -> tuple[ArtifactRef, dict[str, Any]] | None:
-    """The calibration of the config a store train artifact was trained with (None: not a store train
-    artifact here, or never calibrated)."""
+def model_recipe(store: ArtifactStore, model_digest: str | None) -> dict[str, Any] | None:
+    """The recipe of a store train artifact (None: not a train artifact of this store, or its chain is not)."""
     m = train_manifest(store, model_digest) if model_digest else None
-    return find_calibration(store, manifest_key(m)) if m is not None else None
+    return recipe_of_model(store, m) if m is not None else None
+
+
+def calibrate_command(recipe: Mapping[str, Any] | None, seeds: int = 5) -> str:
+    """The command that calibrates a champion of this recipe: a fine-tuned one is calibrated by fine-tuning
+    seeds from the champion (the nightly chain), a scratch one by training seeds of its config."""
+    return f"codemill calibrate --seeds {seeds}" + (" --from-champion" if recipe and recipe.get("fine_tune") else "")
+
+
+def gate_noise(store: ArtifactStore, champion_digest: str | None, evaluate_config: Mapping[str, Any],
+               metrics: Sequence[str]) -> dict[str, Any]:
+    """What the gate knows of the champion's seed noise, first found first:
+
+    1. a calibration of the champion's recipe in this store (``codemill calibrate``);
+    2. the noise shipped with a preset of the same recipe and suite configs;
+    3. none: the metrics are uncalibrated and get hold margins from the nearest measured preset.
+
+    Returns the gate task's ``calibration`` argument: ``metrics`` (noise.json's shape, possibly empty), ``uri``
+    (where the noise came from), ``source``, ``hold_margins`` and ``advice`` (the command that calibrates)."""
+    from codemill.evals import preset_noise as pn
+
+    recipe = model_recipe(store, champion_digest)
+    key = recipe_key(recipe) if recipe is not None else None
+    presets = pn.load_preset_noise()
+    out: dict[str, Any] = {"source": "none", "uri": None, "metrics": {}, "recipe_key": key,
+                           "advice": calibrate_command(recipe)}
+    found = find_calibration(store, key) if key else None
+    shipped = pn.matching(presets, key, evaluate_config)
+    if found:
+        out |= {"source": "calibration", "uri": found[0].uri, "metrics": found[1]["metrics"]}
+    elif shipped:
+        out |= {"source": "preset", "uri": shipped[0].label,
+                "metrics": {k: v.as_dict() for k, v in shipped[1].items()}}
+    near = pn.nearest(presets, recipe["train"]["config"] if recipe else None)
+    out["hold_margins"] = pn.hold_margins(near, [m for m in metrics if m not in out["metrics"]])
+    out["hold_margins_from"] = near.preset if near else None
+    return out
+
+
+def mean_scores(per_seed: Sequence[Mapping[str, ItemScores]]) -> dict[str, ItemScores]:
+    """Per metric, the per-item mean over seeds' models on the items all of them were scored on: the
+    candidate of a ``train.seeds`` run."""
+    import numpy as np
+
+    out: dict[str, ItemScores] = {}
+    for name in sorted(set.intersection(*(set(s) for s in per_seed))):
+        scores = [s[name] for s in per_seed]
+        common = scores[0].item_ids
+        for sc in scores[1:]:
+            common = np.intersect1d(common, sc.item_ids)
+        rows = [np.searchsorted(sc.item_ids, common, sorter=np.argsort(sc.item_ids)) for sc in scores]
+        rows = [np.argsort(sc.item_ids)[r] for sc, r in zip(scores, rows, strict=True)]
+        first = scores[0]
+        out[name] = ItemScores(common, np.mean([sc.values[r] for sc, r in zip(scores, rows, strict=True)], axis=0),
+                               first.weights[rows[0]], first.clusters[rows[0]], first.higher_is_better,
+                               first.binary and len(scores) == 1)  # a mean of pass/fail is not pass/fail
+    return out

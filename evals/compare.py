@@ -2,8 +2,9 @@
 
 Evaluations pair when they scored one suite on the same data with the same hashed config (the manifest's
 ``config`` is exactly what the eval digest hashed, so two runs that differed only in which other suites ran
-beside them still pair). The seed noise is b's config's calibration (``codemill calibrate``) when the store has
-one; otherwise the comparison is uncalibrated, as in the gate."""
+beside them still pair). The seed noise of b's recipe is found as the gate finds the champion's
+(``evals.calibration.gate_noise``: a calibration in the store, else a preset's shipped noise); otherwise the
+comparison is uncalibrated, as in the gate."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import polars as pl
 
 from codemill import tags as T
 from codemill.evals import suites
-from codemill.evals.calibration import calibration_for_model, noise_of
+from codemill.evals.calibration import gate_noise, noise_of
 from codemill.evals.gate import GateMetric, ItemScores, gate
 from codemill.lineage_read import LineageError, LineageReader
 from codemill.lineage_view import manifest_of
@@ -50,6 +51,7 @@ def compare_models(reader: LineageReader, store: ArtifactStore, model_a: str, mo
     scores_a: dict[str, ItemScores] = {}
     scores_b: dict[str, ItemScores] = {}
     used: dict[str, dict[str, Any]] = {}
+    eval_config: dict[str, Any] = {}  # as EvalConfig.digest_config() has it, from b's eval manifests
     for suite in sorted(set(ea) & set(eb)):
         pair = paired(ea[suite], eb[suite])
         if pair is None:
@@ -59,14 +61,15 @@ def compare_models(reader: LineageReader, store: ArtifactStore, model_a: str, mo
         scores_a |= suites.item_scores(suite, rows[0])
         scores_b |= suites.item_scores(suite, rows[1])
         used[suite] = {"a": pair[0].digest, "b": pair[1].digest, "data": pair[0].inputs.get("data")}
+        eval_config |= {suite: pair[1].config.get("suite"), "seed": pair[1].config.get("seed")}
     common = sorted(set(scores_a) & set(scores_b))
     if not common:
         raise LineageError(f"{model_a} and {model_b} have no evaluation of one suite on the same data and config "
                            f"(suites evaluated: a {sorted(ea)}, b {sorted(eb)})")
-    found = calibration_for_model(store, reader.model(model_b).tags.get(T.DIGEST))
-    noise = noise_of(found[1]) if found else None
+    found = gate_noise(store, reader.model(model_b).tags.get(T.DIGEST), eval_config, common)
+    noise = noise_of(found) if found["metrics"] else None
     verdict = gate(scores_a, scores_b, [GateMetric(name) for name in common], alpha, noise,
-                   found[0].uri if found else None)
+                   found["uri"] if noise else None, found["hold_margins"], found["advice"])
     return {"model_a": model_a, "model_b": model_b, "alpha": alpha, "verdict": verdict.verdict,
             "reason": verdict.reason, "calibrated": verdict.calibrated, "calibration": verdict.calibration,
             "evaluations": used, "metrics": verdict.as_dict()["metrics"]}

@@ -88,12 +88,13 @@ def _align(a: ItemScores, b: ItemScores) -> tuple[np.ndarray, np.ndarray]:
 
 def compare_metric(name: str, cand: ItemScores, champ: ItemScores, margin: float, noise: SeedNoise | None = None,
                    alpha: float = 0.05, n_metrics: int = 1, uncalibrated_margin: float | None = None,
-                   confidence: float = 0.95) -> MetricEvidence:
+                   confidence: float = 0.95, run_noise: SeedNoise | None = None,
+                   candidate_seeds: int = 1) -> MetricEvidence:
     ia, ib = _align(cand, champ)
     cv, cw, clusters = cand.values[ia], cand.weights[ia], cand.clusters[ia]
     hv = champ.values[ib]
     pd = paired_difference(cv, hv, weights=cw, clusters=clusters, higher_is_better=cand.higher_is_better)
-    nm = noise_model(name, pd.se, noise, uncalibrated_margin)
+    nm = noise_model(name, pd.se, noise, uncalibrated_margin, run_noise, candidate_seeds)
     se, df = nm.se, nm.df
     half = t_quantile(0.5 + confidence / 2, df) * se
     p_reg, p_imp = one_sided_pvalues(pd.diff, se, df, margin)
@@ -112,15 +113,25 @@ def compare_metric(name: str, cand: ItemScores, champ: ItemScores, margin: float
 
 def gate(candidate: dict[str, ItemScores], champion: dict[str, ItemScores], metrics: list[GateMetric],
          alpha: float = 0.05, noise: dict[str, SeedNoise] | None = None,
-         calibration: str | None = None) -> GateVerdict:
+         calibration: str | None = None, hold_margins: dict[str, float] | None = None,
+         advice: str = "codemill calibrate", run_noise: dict[str, SeedNoise] | None = None,
+         candidate_seeds: int = 1) -> GateVerdict:
     """``noise``: the champion config's between-seed noise per metric (None or a missing metric: uncalibrated,
-    tested on the item SE alone with differences below the metric's hold margin counted as none)."""
+    tested on the item SE alone with differences below the metric's hold margin counted as none).
+    ``hold_margins``: the uncalibrated hold margin per metric (``evals.preset_noise.hold_margins``); a metric's
+    own ``uncalibrated_margin`` wins, a metric in neither gets the floor of ``evals.noise``. ``advice``: the
+    command that would calibrate the champion's config, named in the reason of an uncalibrated verdict.
+    ``candidate_seeds`` > 1: ``candidate`` is the mean of that many seeds' scores and ``run_noise`` their
+    spread, pooled with ``noise`` (``evals.noise.noise_model``)."""
     missing = [m.name for m in metrics if m.name not in candidate or m.name not in champion]
     if missing:
         raise ValueError(f"metrics missing from an evaluation: {missing}")
     noise = noise or {}
+    margins = hold_margins or {}
     evidence = [compare_metric(m.name, candidate[m.name], champion[m.name], m.margin, noise.get(m.name), alpha,
-                               len(metrics), m.uncalibrated_margin) for m in metrics]
+                               len(metrics), m.uncalibrated_margin if m.uncalibrated_margin is not None
+                               else margins.get(m.name), run_noise=(run_noise or {}).get(m.name),
+                               candidate_seeds=candidate_seeds) for m in metrics]
     for ev, adj in zip(evidence, holm([e.p_regression for e in evidence]), strict=True):
         ev.p_regression_holm = adj
     for ev, adj in zip(evidence, holm([e.p_improvement for e in evidence]), strict=True):
@@ -131,9 +142,9 @@ def gate(candidate: dict[str, ItemScores], champion: dict[str, ItemScores], metr
     note = ""
     if uncalibrated:
         held = [e.metric for e in uncalibrated if abs(e.diff) <= e.hold_margin]
-        note = (f"; uncalibrated: no seed-noise calibration for the champion's config on "
-                f"{[e.metric for e in uncalibrated]} (run codemill calibrate), so differences below the default "
-                f"margin count as none" + (f" (held: {held})" if held else ""))
+        note = (f"; uncalibrated: needs `{advice}` (no seed noise for the champion's config on "
+                f"{[e.metric for e in uncalibrated]}), so differences below the hold margin count as none"
+                + (f" (held: {held})" if held else ""))
     calibrated = not uncalibrated
     if worse:
         return GateVerdict("regression", alpha, f"worse than the champion by more than the margin on {worse}"

@@ -12,8 +12,9 @@ Welch-Satterthwaite degrees of freedom ``(SE_item^2 + 2 s2)^2 / ((2 s2)^2 / (n -
 hundreds of items: its degrees of freedom are taken as infinite).
 
 With no calibration for the champion's config the gate cannot know the seed noise; it then tests on the item
-SE alone but treats any difference smaller than a default margin (``UNCALIBRATED_MARGINS``) as no difference:
-a hold, never a promote or a regression.
+SE alone but treats any difference smaller than a hold margin (``evals.preset_noise``: derived from the seed
+noise of the nearest shipped preset, never below ``UNCALIBRATED_MARGINS``) as no difference: a hold, never a
+promote or a regression.
 
 Minimum detectable effect (MDE): the smallest true difference the gate reports with probability ``power``
 (80%). A metric counts as better when its one-sided p-value is below alpha (Holm; its first step compares the
@@ -34,11 +35,11 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-# Differences smaller than these are "no difference" when the champion's config was never calibrated: about
-# twice the SD of the difference of two seeds (sqrt(2) x the seed SD) measured on the tiny preset (val_bpb: seed
-# SD 0.018 at 50 steps, 0.045 at 150 -> 0.12; edit similarity: 0.018 -> 0.05; see the README's calibration
-# benchmark), so that a seed-only candidate crosses one in about 2.5% of runs. Metrics not named here get
-# DEFAULT_UNCALIBRATED_MARGIN.
+# The floors of the uncalibrated hold margins: with no calibration for the champion's config, differences
+# smaller than a hold margin are "no difference". The margin itself comes from the seed noise measured on the
+# nearest shipped preset (``evals.preset_noise.hold_margins``), scaled so that a seed-only retrain crosses it in
+# under 2.5% of runs; these floors apply where that is smaller, or where no preset measured the metric. Metrics
+# not named here get DEFAULT_UNCALIBRATED_MARGIN.
 UNCALIBRATED_MARGINS: dict[str, float] = {
     "val_bpb": 0.12,
     "completion_edit_similarity": 0.05,
@@ -92,17 +93,18 @@ def seed_noise(metric: str, values: Sequence[float], item_ses: Sequence[float] =
     return SeedNoise(metric, tuple(float(v) for v in values), rms)
 
 
-def combined_se(item_se: float, seed_var: float) -> float:
-    """SE of the difference between two independently trained models: sqrt(SE_item^2 + 2 s2)."""
-    return math.sqrt(item_se**2 + 2.0 * seed_var)
+def combined_se(item_se: float, seed_var: float, seed_terms: float = 2.0) -> float:
+    """SE of the difference between two independently trained models: sqrt(SE_item^2 + 2 s2). When the
+    candidate is the mean of N seeds, its training contributes s2 / N: ``seed_terms`` = 1 + 1 / N."""
+    return math.sqrt(item_se**2 + seed_terms * seed_var)
 
 
-def satterthwaite_df(item_se: float, seed_var: float, n_seeds: int) -> float:
-    """Welch-Satterthwaite degrees of freedom of SE_item^2 + 2 s2 (item part: infinite; s2: n - 1)."""
+def satterthwaite_df(item_se: float, seed_var: float, n_seeds: int, seed_terms: float = 2.0) -> float:
+    """Welch-Satterthwaite degrees of freedom of SE_item^2 + k s2 (item part: infinite; s2: n - 1)."""
     if seed_var <= 0.0 or n_seeds < 2:
         return math.inf
-    total = item_se**2 + 2.0 * seed_var
-    return total**2 / ((2.0 * seed_var) ** 2 / (n_seeds - 1))
+    total = item_se**2 + seed_terms * seed_var
+    return total**2 / ((seed_terms * seed_var) ** 2 / (n_seeds - 1))
 
 
 def t_quantile(p: float, df: float) -> float:
@@ -124,8 +126,9 @@ class NoiseModel:
 
     item_se: float
     seed_var: float
-    n_seeds: int
+    n_seeds: int  # seeds behind seed_var: its degrees of freedom + 1 (pooled estimates add theirs)
     hold_margin: float  # differences with |diff| below this are a hold (uncalibrated only; 0 when calibrated)
+    seed_terms: float = 2.0  # 1 (the champion's training) + 1 / the candidate's seeds
 
     @property
     def calibrated(self) -> bool:
@@ -133,20 +136,28 @@ class NoiseModel:
 
     @property
     def se(self) -> float:
-        return combined_se(self.item_se, self.seed_var)
+        return combined_se(self.item_se, self.seed_var, self.seed_terms)
 
     @property
     def df(self) -> float:
-        return satterthwaite_df(self.item_se, self.seed_var, self.n_seeds)
+        return satterthwaite_df(self.item_se, self.seed_var, self.n_seeds, self.seed_terms)
 
 
 def noise_model(metric: str, item_se: float, noise: SeedNoise | None,
-                default_margin: float | None = None) -> NoiseModel:
-    """The calibrated noise of a metric, or the item SE plus the uncalibrated hold margin."""
-    if noise is not None and noise.n_seeds >= 2:
-        return NoiseModel(item_se, noise.seed_var, noise.n_seeds, 0.0)
+                default_margin: float | None = None, run_noise: SeedNoise | None = None,
+                candidate_seeds: int = 1) -> NoiseModel:
+    """The calibrated noise of a metric, or the item SE plus the uncalibrated hold margin.
+
+    ``noise``: the champion's calibration; ``run_noise``: the spread of the candidate's own seeds (``train.seeds``)
+    whose mean is compared. Both measure the seed variance of (assumed) one recipe, so they are pooled: the
+    variance weighted by degrees of freedom, which add up."""
+    terms = 1.0 + 1.0 / candidate_seeds
+    found = [n for n in (noise, run_noise) if n is not None and n.n_seeds >= 2]
+    if found:
+        df = sum(n.n_seeds - 1 for n in found)
+        return NoiseModel(item_se, sum((n.n_seeds - 1) * n.seed_var for n in found) / df, df + 1, 0.0, terms)
     margin = uncalibrated_margin(metric) if default_margin is None else default_margin
-    return NoiseModel(item_se, 0.0, 0, margin)
+    return NoiseModel(item_se, 0.0, 0, margin, terms)
 
 
 def one_sided_pvalues(diff: float, se: float, df: float, margin: float) -> tuple[float, float]:

@@ -14,16 +14,17 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
+from codemill import tags as T
 from codemill.config import PipelineConfig
 from codemill.evals import calibration as cal
 from codemill.flows.artifacts import mlflow_ui_links
 from codemill.flows.common import execute, flow_run_url, open_flow_run, run_stage_task
 from codemill.flows.hooks import record_failure_on_mlflow, run_name_from, tag_current_flow_run
-from codemill.flows.plan import Step, plan_pipeline
-from codemill.store import ArtifactStore
+from codemill.flows.nightly import champion_start
+from codemill.flows.plan import plan_pipeline
+from codemill.flows.seeds import train_and_evaluate
 from codemill.tasks.calibrate import calibrate_task, plan_calibration
-from codemill.tasks.common import RunContext, StageResult
-from codemill.tasks.fanout import on_ray
+from codemill.tasks.common import StageResult
 from codemill.tasks.ingest import fingerprint_sources_task
 
 DEFAULT_SEEDS = 5
@@ -40,38 +41,26 @@ def choose_seeds(base: int, n: int, existing: list[int]) -> list[int]:
     return seeds
 
 
-def seed_config(config: PipelineConfig, seed: int) -> PipelineConfig:
-    return config.model_copy(update={"train": config.train.model_copy(update={"seed": seed})})
-
-
-def _train_all(steps: dict[int, Step], ctx: RunContext, store: ArtifactStore) -> dict[int, StageResult]:
-    """Each seed's training: Ray tasks at once when the flow runs on Ray, else one after another."""
-    if not on_ray():
-        return {seed: run_stage_task(step.task, store, plan=step.plan, ctx=ctx, **step.params)
-                for seed, step in steps.items()}
-    futures = {seed: step.task.submit(plan=step.plan, ctx=ctx, **step.params) for seed, step in steps.items()}
-    out = {}
-    for seed, future in futures.items():
-        future.wait()
-        result: StageResult = future.state.result()
-        out[seed] = result.model_copy(update={"status": "cached", "cost": {}}) if future.state.name == "Cached" \
-            else result
-    return out
-
-
 def _run_name() -> str:
     return run_name_from("calibrate", flow_run.parameters)
 
 
 @flow(name="calibrate", flow_run_name=_run_name, persist_result=True, log_prints=True,
       on_failure=[record_failure_on_mlflow], on_crashed=[record_failure_on_mlflow])
-def calibrate(config: PipelineConfig = PipelineConfig(), seeds: int = DEFAULT_SEEDS) -> dict[str, Any]:  # noqa: B008
+def calibrate(config: PipelineConfig = PipelineConfig(), seeds: int = DEFAULT_SEEDS,  # noqa: B008
+              from_champion: bool = False) -> dict[str, Any]:
     """Train ``seeds`` seeds of ``config`` (existing trainings of it count), evaluate each on
     ``config.evaluate.suites``, store the per-metric between-seed variance and link it to the registered
-    model."""
+    model. ``from_champion``: fine-tune every seed from the champion's weights, as ``nightly`` does, which
+    calibrates the nightly chain's recipe (it stays calibrated when the champion changes)."""
     if seeds < 2:
         raise ValueError(f"a calibration needs at least 2 seeds, not {seeds}")
     logger = get_run_logger()
+    if from_champion:
+        start = champion_start(config)
+        if start is None:
+            raise ValueError("--from-champion: there is no champion yet to fine-tune from (run the pipeline first)")
+        config = config.model_copy(update={"train": config.train.model_copy(update={"init_from": start})})
     tag_current_flow_run("calibrate")
     store, ctx, lineage, parent = open_flow_run(config, flow_run.name or "calibrate", flow_run.id, flow_run_url())
     registered = config.gate.registered_model or config.name
@@ -80,29 +69,23 @@ def calibrate(config: PipelineConfig = PipelineConfig(), seeds: int = DEFAULT_SE
         base = plan_pipeline(config, sources, store, "evaluate")
         train_plan = next(s for s in base if s.key == "train").plan
         key = cal.config_key(train_plan.code_version, train_plan.config, train_plan.input_digests)
+        recipe = cal.recipe_key(cal.recipe_of_plans([s.plan for s in base]))
         existing = sorted(cal.seeds_of_key(store, key))
         chosen = choose_seeds(config.train.seed, seeds, existing)
         logger.info("calibrating %s on seeds %s (already trained: %s)", key[:12], chosen, existing)
         stages = execute([s for s in base if s.phase in ("ingest", "tokenize")], ctx, store)
-        plans = {seed: plan_pipeline(seed_config(config, seed), sources, store, "evaluate") for seed in chosen}
-        trained = _train_all({seed: next(s for s in p if s.key == "train") for seed, p in plans.items()}, ctx, store)
-        evals: dict[int, dict[str, StageResult]] = {}
-        for seed, steps in plans.items():
-            stages[f"train:{seed}"] = trained[seed]
-            for step in (s for s in steps if s.phase == "evaluate"):
-                bound = step.bind(ctx, {"train": trained[seed]}) if step.bind else {}
-                done = run_stage_task(step.task, store, plan=step.plan, ctx=ctx, **step.params, **bound)
-                evals.setdefault(seed, {})[step.plan.name] = done
-                stages[f"{step.key}:{seed}"] = done
+        runs = train_and_evaluate(config, sources, chosen, ctx, store)
+        stages |= runs.stages()
+        trained, evals = runs.trained, runs.evals
         models = {seed: {"model_id": t.model_id or "", "digest": t.ref.digest} for seed, t in trained.items()}
-        plan = plan_calibration(key, {seed: {k: v.ref for k, v in by.items()} for seed, by in evals.items()})
+        plan = plan_calibration(key, recipe, {seed: {k: v.ref for k, v in by.items()} for seed, by in evals.items()})
         stages["calibrate"] = run_stage_task(calibrate_task, store, plan=plan, ctx=ctx, registered_model=registered,
                                              models=models)
     except BaseException:
         lineage.end_run(parent, failed=True)
         raise
-    result = calibration_result(stages["calibrate"], config, key, models)
-    lineage.tag(parent, {"codemill.config_key": key})
+    result = calibration_result(stages["calibrate"], config, key, recipe, models)
+    lineage.tag(parent, {T.RECIPE_KEY: recipe})
     lineage.log_metrics(parent, {f"{r['metric']}_{k}": r[k] for r in result["metrics"]
                                  for k in ("seed_sd", "item_se", "mde_better")})
     _publish(result, stages, lineage.tracking_uri, lineage.experiment_id, parent)
@@ -112,16 +95,16 @@ def calibrate(config: PipelineConfig = PipelineConfig(), seeds: int = DEFAULT_SE
             "registered_model": registered, "stages": {k: v.model_dump(mode="json") for k, v in stages.items()}}
 
 
-def calibration_result(stage: StageResult, config: PipelineConfig, key: str,
+def calibration_result(stage: StageResult, config: PipelineConfig, key: str, recipe: str,
                        models: dict[int, dict[str, str]]) -> dict[str, Any]:
     noise = cal.noise_of(stage.summary)
     margins = {m.name: m.margin for m in config.gate.metrics}
-    return {"config_key": key, "calibration": stage.ref.uri, "seeds": sorted(models), "models": models,
+    return {"config_key": key, "recipe_key": recipe, "calibration": stage.ref.uri, "seeds": sorted(models), "models": models,
             "alpha": config.gate.alpha, "metrics": cal.summary_rows(noise, config.gate.alpha, margins)}
 
 
 def calibration_markdown(result: dict[str, Any]) -> str:
-    lines = [f"# Noise calibration of config {result['config_key'][:12]}", "",
+    lines = [f"# Noise calibration of recipe {result['recipe_key'][:12]}", "",
              f"Seeds: {result['seeds']}; artifact: `{result['calibration']}`", "",
              "| metric | seeds | mean | seed SD | item SE | SE of a comparison | MDE better | MDE worse |",
              "|---|---|---|---|---|---|---|---|"]

@@ -11,7 +11,7 @@ from prefect.runtime import flow_run
 
 from codemill import tags as T
 from codemill.config import PipelineConfig
-from codemill.evals.calibration import calibration_for_model
+from codemill.evals.calibration import gate_noise
 from codemill.flows.common import eval_results, execute, flow_result, flow_run_url, open_flow_run
 from codemill.flows.hooks import record_failure_on_mlflow
 from codemill.flows.plan import plan_evaluations
@@ -46,9 +46,11 @@ def evaluate_resolved(ctx: RunContext, store: ArtifactStore, config: PipelineCon
 
 
 def gate_against_champion(ctx: RunContext, store: ArtifactStore, config: PipelineConfig, model: ResolvedModel,
-                          corpus: ArtifactRef | None, evals: dict[str, StageResult]) -> dict[str, Any] | None:
+                          corpus: ArtifactRef | None, evals: dict[str, StageResult],
+                          seed_evals: dict[int, dict[str, StageResult]] | None = None) -> dict[str, Any] | None:
     """Evaluate the champion on the same suites and data (cached when it was before), then gate, with the
-    seed noise of the champion's config when ``codemill calibrate`` measured it."""
+    seed noise of the champion's recipe when ``codemill calibrate`` measured it or a preset of that recipe ships
+    it (``evals.calibration.gate_noise``)."""
     if not config.gate.enabled:
         return None
     name = config.gate.registered_model or config.name
@@ -58,10 +60,11 @@ def gate_against_champion(ctx: RunContext, store: ArtifactStore, config: Pipelin
     if champion and champion.get(T.MODEL_ID) != model.model_id:
         champ_model = resolve_model(ctx, champion[T.MODEL_ID])
         champion_evals = evaluate_resolved(ctx, store, config, champ_model, corpus)
-        found = calibration_for_model(store, champ_model.ref.digest)
-        calibration = {**found[1], "uri": found[0].uri} if found else None
+        calibration = gate_noise(store, champ_model.ref.digest, config.evaluate.digest_config(),
+                                 [m.name for m in config.gate.metrics])
     return gate_task(ctx=ctx, cfg=config.gate, registered_model=name, candidate=model, candidate_evals=evals,
-                     champion=champion, champion_evals=champion_evals, calibration=calibration)
+                     champion=champion, champion_evals=champion_evals, calibration=calibration,
+                     candidate_seed_evals=seed_evals)
 
 
 def _run_name() -> str:

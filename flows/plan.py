@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from codemill.config import PipelineConfig, TokenizeConfig
+from codemill.evals.calibration import recipe_of_plans
 from codemill.plan import PHASES, StagePlan, check_until
 from codemill.store import ArtifactRef, ArtifactStore
 from codemill.tasks.common import RunContext, StageResult
@@ -65,6 +66,12 @@ def plan_pipeline(config: PipelineConfig, sources: list[dict], store: ArtifactSt
     evals = plan_evaluations(config, store.ref_for(train.plan), corpus, bind=bind_trained)
     steps = [ingest, tokenizer, tokens, train, *evals]
     return [s for s in steps if PHASES.index(s.phase) <= PHASES.index(until)]
+
+
+def config_recipe(config: PipelineConfig) -> dict[str, Any]:
+    """The training recipe of a config (``evals.calibration``), planned without reading a source: a recipe
+    leaves the data's content out."""
+    return recipe_of_plans([s.plan for s in plan_pipeline(config, [], ArtifactStore(config.store_root), "train")])
 
 
 def plan_evaluations(config: PipelineConfig, model: ArtifactRef, corpus: ArtifactRef | None,

@@ -1,5 +1,5 @@
 """Prefect task of the calibrate stage: the seed noise of one config from its seeds' evaluations, as an artifact
-linked in MLflow to the config key, the registered model and every seed's LoggedModel."""
+linked in MLflow to the recipe key, the registered model and every seed's LoggedModel."""
 
 from __future__ import annotations
 
@@ -16,17 +16,19 @@ from codemill.store import ArtifactRef, ArtifactWriter, Manifest
 from codemill.tasks.common import RunContext, StageResult, run_stage, stage_task
 
 
-def plan_calibration(config_key: str, evals: dict[int, dict[str, ArtifactRef]]) -> StagePlan:
-    """Digest over the config key and every seed's evaluation artifacts (which hash the model, the data and
-    the suite config): the same seeds evaluated the same way give the same calibration."""
+def plan_calibration(config_key: str, recipe_key: str, evals: dict[int, dict[str, ArtifactRef]]) -> StagePlan:
+    """Digest over the keys and every seed's evaluation artifacts (which hash the model, the data and the suite
+    config): the same seeds evaluated the same way give the same calibration."""
     inputs = {f"seed{seed}.{suite}": ref for seed, by_suite in sorted(evals.items())
               for suite, ref in sorted(by_suite.items())}
     return StagePlan(stage=cal.STAGE, name=cal.NAME, code_version=cal.CODE_VERSION,
-                     config={"config_key": config_key, "seeds": sorted(evals)}, inputs=inputs)
+                     config={"config_key": config_key, "recipe_key": recipe_key, "seeds": sorted(evals)},
+                     inputs=inputs)
 
 
 def _summary(m: Manifest) -> dict[str, Any]:
-    return {"config_key": m.config["config_key"], "n_seeds": m.stats["n_seeds"], "metrics": m.stats["metrics"]}
+    return {"config_key": m.config["config_key"], "recipe_key": m.config["recipe_key"],
+            "n_seeds": m.stats["n_seeds"], "metrics": m.stats["metrics"]}
 
 
 @stage_task("calibrate")
@@ -35,7 +37,7 @@ def calibrate_task(plan: StagePlan, ctx: RunContext, registered_model: str,
     """``models``: seed -> {"model_id", "digest"} of each seed's trained model."""
     logger = get_run_logger()
     store = ctx.store()
-    key = plan.config["config_key"]
+    key = plan.config["recipe_key"]
 
     def produce(w: ArtifactWriter, run_id: str) -> Manifest:
         import polars as pl
@@ -50,7 +52,8 @@ def calibrate_task(plan: StagePlan, ctx: RunContext, registered_model: str,
             per_seed.append(scores)
         noise = cal.calibrate(per_seed)
         seeds = [{"seed": s, **models.get(s, {})} for s in plan.config["seeds"]]
-        payload = {"config_key": key, "seeds": seeds, "metrics": {k: v.as_dict() for k, v in noise.items()}}
+        payload = {"config_key": plan.config["config_key"], "recipe_key": key, "seeds": seeds,
+                   "metrics": {k: v.as_dict() for k, v in noise.items()}}
         w.path(cal.NOISE_FILE).write_text(json.dumps(payload, indent=2))
         for name, n in noise.items():
             logger.info("calibrate %s: %d seeds, seed SD %.4f, item SE %.4f", name, n.n_seeds, n.seed_sd, n.item_se)

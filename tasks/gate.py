@@ -10,6 +10,7 @@ from prefect.artifacts import create_markdown_artifact
 from codemill import tags as T
 from codemill.config import GateConfig
 from codemill.evals import suites
+from codemill.evals import calibration as cal_
 from codemill.evals.calibration import noise_of
 from codemill.evals.gate import GateMetric, gate, markdown_report
 from codemill.lineage import Registry
@@ -33,8 +34,12 @@ def model_tags(model: ResolvedModel) -> dict[str, str]:
 def gate_task(ctx: RunContext, cfg: GateConfig, registered_model: str, candidate: ResolvedModel,
               candidate_evals: dict[str, StageResult], champion: dict[str, str] | None,
               champion_evals: dict[str, StageResult] | None,
-              calibration: dict[str, Any] | None = None) -> dict[str, Any]:
-    """``calibration``: the champion config's noise.json plus its ``uri`` (None: the gate is uncalibrated)."""
+              calibration: dict[str, Any] | None = None,
+              candidate_seed_evals: dict[int, dict[str, StageResult]] | None = None) -> dict[str, Any]:
+    """``calibration``: what ``evals.calibration.gate_noise`` found of the champion's seed noise (None: the gate
+    is uncalibrated with the floors of ``evals.noise`` as hold margins). ``candidate_seed_evals``: with
+    ``train.seeds`` > 1, every seed's evaluations (the candidate's own included): the gate compares their mean
+    and adds their spread to the seed noise."""
     logger = get_run_logger()
     lineage = ctx.lineage()
     registry = Registry(lineage, registered_model, cfg.alias)
@@ -46,21 +51,29 @@ def gate_task(ctx: RunContext, cfg: GateConfig, registered_model: str, candidate
         version = champion["version"]
         result = {"verdict": "hold", "reason": "the candidate is the champion", "metrics": [], "alpha": cfg.alpha}
     else:
-        cand, champ = _scores(ctx, candidate_evals), _scores(ctx, champion_evals or {})
+        champ = _scores(ctx, champion_evals or {})
+        per_seed = [_scores(ctx, e) for e in (candidate_seed_evals or {0: candidate_evals}).values()]
+        cand = per_seed[0] if len(per_seed) == 1 else cal_.mean_scores(per_seed)
+        run_noise = cal_.calibrate(per_seed) if len(per_seed) > 1 else None
         metrics = [GateMetric(m.name, m.margin, m.uncalibrated_margin) for m in cfg.metrics
                    if m.name in cand and m.name in champ]
         if not metrics:
             raise ValueError(f"no gate metric was evaluated for both models (configured: "
                              f"{[m.name for m in cfg.metrics]}, evaluated: {sorted(cand)})")
-        noise = noise_of(calibration) if calibration else None
-        verdict = gate(cand, champ, metrics, cfg.alpha, noise, calibration.get("uri") if calibration else None)
+        cal = calibration or {}
+        noise = noise_of(cal) if cal.get("metrics") else None
+        verdict = gate(cand, champ, metrics, cfg.alpha, noise, cal.get("uri") if noise else None,
+                       cal.get("hold_margins"), cal.get("advice", "codemill calibrate"), run_noise, len(per_seed))
         result = verdict.as_dict()
         version = registry.promote(candidate.model_id, model_tags(candidate)) if verdict.verdict == "promote" \
             else champion["version"]
     result |= {"registered_model": registered_model, "alias": cfg.alias, "champion_version": version,
                "candidate_model_id": candidate.model_id,
                "previous_champion_model_id": (champion or {}).get(T.MODEL_ID),
-               "mlflow_run_id": ctx.parent_run_id, "tracking_uri": ctx.tracking_uri}
+               "mlflow_run_id": ctx.parent_run_id, "tracking_uri": ctx.tracking_uri,
+               "noise_source": (calibration or {}).get("source", "none"),
+               "calibrate_advice": (calibration or {}).get("advice", "codemill calibrate"),
+               "candidate_seeds": sorted(candidate_seed_evals or [])}
     report = _report(result)
     create_markdown_artifact(report, key="gate-verdict", description=f"gate verdict: {result['verdict']}")
     if ctx.parent_run_id:

@@ -43,7 +43,7 @@ def test_calibrated_gate_holds_seed_noise_and_sees_real_changes(small_corpus, tm
 
     cal = calibrate(config=cfg, seeds=3)
     assert cal["seeds"] == [1234, 1235, 1236]  # the champion's training counts as a seed: it is not redone
-    assert cal["stages"]["train:1234"]["status"] != "ran" and cal["stages"]["train:1236"]["status"] == "ran"
+    assert cal["stages"]["seed1234:train"]["status"] != "ran" and cal["stages"]["seed1236:train"]["status"] == "ran"
     (row,) = cal["metrics"]
     assert row["metric"] == "val_bpb" and row["n_seeds"] == 3
     assert row["seed_sd"] > 0 and row["item_se"] > 0 and row["mde_better"] > row["se_total"] > row["item_se"]
@@ -63,12 +63,58 @@ def test_calibrated_gate_holds_seed_noise_and_sees_real_changes(small_corpus, tm
 
     client = MlflowClient(cfg.mlflow_tracking_uri)
     registered = client.get_registered_model(cfg.name)
-    link = json.loads(registered.tags[T.calibration(cal["config_key"])])
+    link = json.loads(registered.tags[T.calibration(cal["recipe_key"])])
     assert link["uri"] == cal["calibration"] and link["n_seeds"] == 3
     for seed, model in cal["models"].items():
-        assert client.get_logged_model(model["model_id"]).tags[T.CONFIG_KEY] == cal["config_key"], seed
-    train_run = client.get_run(cal["stages"]["train:1236"]["run_id"])
+        assert client.get_logged_model(model["model_id"]).tags[T.RECIPE_KEY] == cal["recipe_key"], seed
+    train_run = client.get_run(cal["stages"]["seed1236:train"]["run_id"])
     assert train_run.data.metrics["cost_wall_s"] > 0 and train_run.data.metrics["cost_cpu_s"] > 0
     assert train_run.data.metrics["cost_gpu_s"] == 0  # CPU training
     assert any(k.startswith("system/cpu_utilization") for k in train_run.data.metrics), train_run.data.metrics
-    assert cal["stages"]["train:1236"]["cost"]["wall_s"] == pytest.approx(train_run.data.metrics["cost_wall_s"])
+    assert cal["stages"]["seed1236:train"]["cost"]["wall_s"] == pytest.approx(train_run.data.metrics["cost_wall_s"])
+
+
+def test_a_calibration_of_the_nightly_recipe_survives_a_new_champion_and_seeds_in_the_run(small_corpus, tmp_path):
+    """``calibrate --from-champion`` fine-tunes its seeds from the champion; once a fine-tuned model is the
+    champion, the gate finds that calibration (the recipe leaves out the starting weights), night after night.
+    ``train.seeds: 3`` trains the candidate three times and gates the mean with their spread."""
+    from codemill.evals.calibration import gate_noise
+    from codemill.flows.calibrate import calibrate
+    from codemill.flows.nightly import nightly
+    from codemill.flows.pipeline import pipeline
+    from codemill.store import ArtifactStore
+
+    cfg = small_pipeline_config(small_corpus, tmp_path, max_steps=STEPS)
+    cfg.evaluate.suites = ["bpb"]
+    cfg.evaluate.bpb.max_files = 24
+    cfg.evaluate.bootstrap_samples = 100
+    weak = cfg.model_copy(deep=True)
+    weak.train.max_steps = 2
+    first = pipeline(config=weak)  # a scratch champion of another recipe
+    assert first["gate"]["verdict"] == "promote"
+
+    cal = calibrate(config=cfg, seeds=2, from_champion=True)
+    night1 = nightly(config=cfg)  # fine-tuned from the first champion: its training is the calibration's seed 1234
+    assert night1["stages"]["train"]["ref"]["digest"] == cal["models"][1234]["digest"]
+    g1 = night1["gate"]
+    assert not g1["calibrated"] and g1["noise_source"] == "none", g1  # the champion is a 2-step scratch model
+    assert "`codemill calibrate --seeds 5`" in g1["reason"]
+    assert g1["verdict"] == "promote", g1  # 12 steps beat 2 by far more than any hold margin
+
+    night2 = nightly(config=cfg)  # from a new champion: other starting weights, same recipe
+    assert night2["stages"]["train"]["ref"]["digest"] != night1["stages"]["train"]["ref"]["digest"]
+    g2 = night2["gate"]
+    assert g2["calibrated"] and g2["noise_source"] == "calibration" and g2["calibration"] == cal["calibration"], g2
+    assert _bpb(night2)["n_seeds"] == 2
+    store = ArtifactStore(cfg.store_root)
+    found = gate_noise(store, night2["stages"]["train"]["ref"]["digest"], cfg.evaluate.digest_config(), ["val_bpb"])
+    assert found["recipe_key"] == cal["recipe_key"] and found["advice"].endswith("--from-champion")
+
+    seeded = cfg.model_copy(deep=True)
+    seeded.train.seed, seeded.train.seeds = 2000, 3
+    out = pipeline(config=seeded)
+    assert {"seed2001:train", "seed2002:train", "seed2001:bpb", "seed2002:bpb"} <= set(out["stages"])
+    assert out["gate"]["candidate_seeds"] == [2000, 2001, 2002]
+    assert out["model_id"] == out["stages"]["train"]["model_id"]  # the seed the config names is the candidate
+    bpb = _bpb(out)
+    assert out["gate"]["calibrated"] and bpb["n_seeds"] == 4  # (3 - 1) + (2 - 1) pooled degrees of freedom, + 1

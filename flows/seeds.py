@@ -1,0 +1,64 @@
+"""Several seeds of one config in one flow run: the data stages once, then a training and the evaluations per
+seed. Shared by ``calibrate`` (N seeds -> the seed noise of a config) and ``pipeline`` (``train.seeds``: the
+candidate trained N times, gated on the mean with its own spread)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from codemill.config import PipelineConfig
+from codemill.flows.common import run_stage_task
+from codemill.flows.plan import Step, plan_pipeline
+from codemill.store import ArtifactStore
+from codemill.tasks.common import RunContext, StageResult
+from codemill.tasks.fanout import on_ray
+
+
+@dataclass
+class SeedRuns:
+    """Per seed its training and its evaluations (by suite)."""
+
+    trained: dict[int, StageResult]
+    evals: dict[int, dict[str, StageResult]]
+
+    def stages(self) -> dict[str, StageResult]:
+        """As a run summary lists them: ``seed<N>:train``, ``seed<N>:<suite>`` (never ``eval:...``, the keys
+        of the run's own candidate)."""
+        out = {f"seed{seed}:train": t for seed, t in self.trained.items()}
+        for seed, by_suite in self.evals.items():
+            out |= {f"seed{seed}:{suite}": r for suite, r in by_suite.items()}
+        return out
+
+
+def seed_config(config: PipelineConfig, seed: int) -> PipelineConfig:
+    return config.model_copy(update={"train": config.train.model_copy(update={"seed": seed, "seeds": 1})})
+
+
+def _train_all(steps: dict[int, Step], ctx: RunContext, store: ArtifactStore) -> dict[int, StageResult]:
+    """Each seed's training: Ray tasks at once when the flow runs on Ray, else one after another (each
+    already uses every core)."""
+    if not on_ray():
+        return {seed: run_stage_task(step.task, store, plan=step.plan, ctx=ctx, **step.params)
+                for seed, step in steps.items()}
+    futures = {seed: step.task.submit(plan=step.plan, ctx=ctx, **step.params) for seed, step in steps.items()}
+    out = {}
+    for seed, future in futures.items():
+        future.wait()
+        result: StageResult = future.state.result()
+        out[seed] = result.model_copy(update={"status": "cached", "cost": {}}) if future.state.name == "Cached" \
+            else result
+    return out
+
+
+def train_and_evaluate(config: PipelineConfig, sources: list[dict], seeds: list[int], ctx: RunContext,
+                       store: ArtifactStore) -> SeedRuns:
+    """Train and evaluate ``config`` at each seed (the data stages must have run: they are the same for all)."""
+    plans = {seed: plan_pipeline(seed_config(config, seed), sources, store, "evaluate") for seed in seeds}
+    trained = _train_all({seed: next(s for s in p if s.key == "train") for seed, p in plans.items()}, ctx, store)
+    evals: dict[int, dict[str, StageResult]] = {}
+    for seed, steps in plans.items():
+        for step in (s for s in steps if s.phase == "evaluate"):
+            bound = step.bind(ctx, {"train": trained[seed]}) if step.bind else {}
+            done = run_stage_task(step.task, store, plan=step.plan, ctx=ctx, **step.params, **bound)
+            evals.setdefault(seed, {})[step.plan.name] = done
+    return SeedRuns(trained, evals)

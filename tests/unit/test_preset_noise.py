@@ -1,0 +1,163 @@
+"""The noise shipped with the presets and the uncalibrated hold margins derived from it: the recipe key (what a
+calibration applies to), the safe margin by hand, matching a champion to a preset, the nearest preset, pooling
+a candidate's own seeds, and that every shipped measurement still describes its preset."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from codemill.config import load_preset, preset_names
+from codemill.evals import preset_noise as pn
+from codemill.evals.calibration import calibrate, calibrate_command, mean_scores, recipe_key, recipe_of_plans
+from codemill.evals.gate import GateMetric, ItemScores, gate
+from codemill.evals.noise import UNCALIBRATED_MARGINS, SeedNoise, noise_model, seed_noise
+from codemill.flows.plan import config_recipe
+from codemill.plan import StagePlan
+
+
+def _chain(seed: int = 1, init_from: str | None = None, steps: int = 10, base: str | None = None,
+           fingerprint: str = "f0") -> list[StagePlan]:
+    from codemill.store import ArtifactRef
+
+    def ref(stage: str, digest: str) -> ArtifactRef:
+        return ArtifactRef(stage=stage, name=stage, digest=digest, uri=f"/s/{stage}/{digest}")
+
+    source = ref("external", fingerprint)
+    tok_inputs = {"base": ref("external", "b" + (base or ""))} if base else {"corpus": ref("ingest", "c" + fingerprint)}
+    return [StagePlan(stage="ingest", name="corpus", code_version="i1", config={"min_lines": 2},
+                      inputs={"source.0.stdlib": source}),
+            StagePlan(stage="tokenizer", name="tokenizer", code_version="k1",
+                      config={"vocab_size": 64, "base_tokenizer": base}, inputs=tok_inputs),
+            StagePlan(stage="tokenize", name="tokens", code_version="t1", config={"seq_len": 8},
+                      inputs={"corpus": ref("ingest", "c" + fingerprint)}),
+            StagePlan(stage="train", name="model", code_version="m1",
+                      config={"seed": seed, "init_from": init_from, "max_steps": steps},
+                      inputs={"tokens": ref("tokenize", "t" + fingerprint)})]
+
+
+def test_recipe_leaves_out_seed_starting_weights_and_data_content_only():
+    key = recipe_key(recipe_of_plans(_chain()))
+    assert key == recipe_key(recipe_of_plans(_chain(seed=7)))
+    assert key == recipe_key(recipe_of_plans(_chain(fingerprint="grown-corpus")))
+    assert key != recipe_key(recipe_of_plans(_chain(steps=11)))
+    fine_a = recipe_of_plans(_chain(init_from="/store/train/model-a/hf", base="/store/train/model-a/hf"))
+    fine_b = recipe_of_plans(_chain(seed=3, init_from="/store/train/model-b/hf", base="/store/train/model-b/hf"))
+    assert fine_a["fine_tune"] and recipe_key(fine_a) == recipe_key(fine_b)  # tonight's champion vs tomorrow's
+    assert recipe_key(fine_a) != key  # a fine-tune is not a scratch training
+    assert calibrate_command(fine_a) == "codemill calibrate --seeds 5 --from-champion"
+    assert calibrate_command(None) == "codemill calibrate --seeds 5"
+    with pytest.raises(ValueError, match="missing"):
+        recipe_of_plans(_chain()[1:])
+
+
+def test_safe_hold_margin_by_hand():
+    n = seed_noise("val_bpb", [2.3, 2.4, 2.5, 2.6, 2.2, 2.45, 2.35, 2.55, 2.25, 2.5])
+    upper = n.seed_sd * math.sqrt(9 / stats.chi2.ppf(0.05, 9))  # 95% upper bound of the SD
+    assert pn.safe_hold_margin(n) == pytest.approx(stats.norm.ppf(0.975) * math.sqrt(2) * upper)
+    assert pn.safe_hold_margin(n) == pytest.approx(4.56 * n.seed_sd, rel=0.01)
+    # a seed-only retrain (difference of two seeds: N(0, 2 s^2)) crosses it rarely even at the SD's upper bound
+    assert stats.norm.sf(pn.safe_hold_margin(n) / (math.sqrt(2) * upper)) == pytest.approx(0.025)
+    with pytest.raises(ValueError):
+        pn.safe_hold_margin(SeedNoise("m", (1.0,)))
+
+
+def _preset(name: str, train: dict, sd: float, metric: str = "val_bpb") -> pn.PresetNoise:
+    values = [2.0 + sd * z for z in (-1.5, -0.5, 0.0, 0.5, 1.5)]
+    return pn.PresetNoise(name, f"key-{name}", pn.suite_digests({"bpb": {"max_files": 3}, "seed": 0}), train,
+                          {metric: seed_noise(metric, values)}, {"date": "2026-12-06", "commit": "abc"})
+
+
+def test_hold_margins_come_from_the_nearest_measured_preset_and_never_go_below_the_floor():
+    small = _preset("small", {"max_steps": 150, "lr": 0.003, "model": {"hidden_size": 128}}, 0.1)
+    big = _preset("big", {"max_steps": 2000, "lr": 0.001, "model": {"hidden_size": 512}}, 0.01)
+    unmeasured = pn.PresetNoise("gpu", "key-gpu", {}, {"max_steps": 150, "lr": 0.003,
+                                                       "model": {"hidden_size": 128}}, {}, None, "no GPU")
+    presets = [small, big, unmeasured]
+    assert pn.nearest(presets, {"max_steps": 150, "lr": 0.003, "model": {"hidden_size": 256}}) is small
+    assert pn.nearest(presets, {"max_steps": 2000, "lr": 0.001, "model": {"hidden_size": 128}}) is big
+    assert pn.nearest(presets, None) is small  # unknown config: the noisiest measurement
+    assert pn.nearest([unmeasured], {}) is None
+    margins = pn.hold_margins(small, ["val_bpb", "humaneval_pass_at_1"])
+    assert margins["val_bpb"] == pytest.approx(pn.safe_hold_margin(small.metrics["val_bpb"]))
+    assert margins["humaneval_pass_at_1"] == UNCALIBRATED_MARGINS["humaneval_pass_at_1"]  # not measured: floor
+    assert pn.hold_margins(big, ["val_bpb"])["val_bpb"] == UNCALIBRATED_MARGINS["val_bpb"]  # quiet: floor
+    assert pn.hold_margins(None, ["val_bpb"]) == {"val_bpb": UNCALIBRATED_MARGINS["val_bpb"]}
+
+
+def test_a_champion_matches_a_preset_by_recipe_and_suite_config():
+    p = _preset("small", {}, 0.1)
+    same_eval = {"bpb": {"max_files": 3}, "seed": 0}
+    assert pn.matching([p], "key-small", same_eval)[1].keys() == {"val_bpb"}
+    assert pn.matching([p], "key-other", same_eval) is None
+    assert pn.matching([p], None, same_eval) is None
+    assert pn.matching([p], "key-small", {"bpb": {"max_files": 4}, "seed": 0}) is None  # other items
+    assert pn.PresetNoise.from_dict(p.as_dict()) == p
+
+
+def _scores(shift: float, n: int = 300, seed: int = 0, item_noise: float = 0.01) -> dict[str, ItemScores]:
+    rng = np.random.default_rng(seed)
+    ids, w = np.array([f"f{i:03d}" for i in range(n)]), np.full(n, 1000.0)
+    return {"val_bpb": ItemScores(ids, w * (2.5 - shift + item_noise * rng.normal(size=n)), w, np.arange(n), False)}
+
+
+def test_candidate_seeds_are_averaged_and_their_spread_pooled_with_the_calibration():
+    per_seed = [_scores(s, seed=i) for i, s in enumerate((0.10, 0.12, 0.14))]
+    mean = mean_scores(per_seed)["val_bpb"]
+    assert mean.values.sum() / mean.weights.sum() == pytest.approx(2.5 - 0.12, abs=0.002)
+    shuffled = {"val_bpb": ItemScores(*(a[::-1] for a in (per_seed[2]["val_bpb"].item_ids,
+                                                          per_seed[2]["val_bpb"].values,
+                                                          per_seed[2]["val_bpb"].weights,
+                                                          per_seed[2]["val_bpb"].clusters)), False)}
+    again = mean_scores([*per_seed[:2], shuffled])["val_bpb"]  # aligned by item id, not by position
+    assert np.allclose(again.values, mean.values)
+    run = calibrate(per_seed)["val_bpb"]
+    shipped = seed_noise("val_bpb", [2.3, 2.4, 2.5, 2.35, 2.45])
+    pooled = noise_model("val_bpb", 0.01, shipped, run_noise=run, candidate_seeds=3)
+    assert pooled.n_seeds == 7  # (5 - 1) + (3 - 1) degrees of freedom, + 1
+    assert pooled.seed_var == pytest.approx((4 * shipped.seed_var + 2 * run.seed_var) / 6)
+    assert pooled.se == pytest.approx(math.sqrt(0.01**2 + (1 + 1 / 3) * pooled.seed_var))
+    alone = noise_model("val_bpb", 0.01, None, run_noise=run, candidate_seeds=3)
+    assert alone.calibrated and alone.n_seeds == 3 and alone.hold_margin == 0.0
+    champion = _scores(0.0, seed=9)
+    v = gate(mean_scores(per_seed), champion, [GateMetric("val_bpb", 0.01)], run_noise={"val_bpb": run},
+             candidate_seeds=3)
+    (e,) = v.metrics
+    assert v.calibrated and e.n_seeds == 3 and e.se == pytest.approx(math.sqrt(e.se_item**2 + 4 / 3 * run.seed_var))
+
+
+def test_an_uncalibrated_verdict_names_the_command_that_calibrates():
+    cand, champ = _scores(0.05, seed=1), _scores(0.0, seed=2)
+    v = gate(cand, champ, [GateMetric("val_bpb", 0.01)], hold_margins={"val_bpb": 0.5},
+             advice="codemill calibrate --seeds 5 --from-champion")
+    (e,) = v.metrics
+    assert v.verdict == "hold" and e.hold_margin == 0.5
+    assert "uncalibrated: needs `codemill calibrate --seeds 5 --from-champion`" in v.reason
+    # a metric's own configured margin wins over the derived one
+    assert gate(cand, champ, [GateMetric("val_bpb", 0.01, 0.02)], hold_margins={"val_bpb": 0.5}).verdict == "promote"
+
+
+@pytest.mark.parametrize("name", preset_names())
+def test_every_preset_ships_a_measurement_of_its_current_config(name):
+    """Change a preset's training, data or suite settings (or a stage's code version) and this fails until
+    ``python -m benchmarks.preset_noise --preset <name> --write`` measures it again."""
+    (shipped,) = [p for p in pn.load_preset_noise() if p.preset == name]
+    cfg = load_preset(name)
+    recipe = config_recipe(cfg)
+    assert shipped.recipe_key == recipe_key(recipe), f"{name}: the preset's recipe changed since its noise was measured"
+    assert shipped.suite_digests == pn.suite_digests(cfg.evaluate.digest_config()), f"{name}: suite config changed"
+    assert shipped.train == recipe["train"]["config"]
+    if shipped.measured is None:
+        assert shipped.reason and not shipped.metrics
+    else:
+        assert {"date", "commit", "machine", "command", "seeds", "steps"} <= set(shipped.measured)
+        assert shipped.measured["steps"] == cfg.train.max_steps and shipped.n_seeds >= 10
+        assert "val_bpb" in shipped.metrics
+
+
+def test_the_default_preset_is_measured():
+    (tiny,) = [p for p in pn.load_preset_noise() if p.preset == "tiny"]
+    assert tiny.measured is not None and tiny.metrics["val_bpb"].seed_sd > 0
