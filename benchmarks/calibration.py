@@ -1,156 +1,166 @@
-"""False alarms and power of the gate, before and after it knew the training noise.
+"""False promotions and false regressions of the gate on the default preset, before and after it knew the
+training noise.
 
-On a preset (default ``tiny``): calibrate ``--seeds`` seeds of the config (``codemill calibrate``), then train
-and evaluate candidates against the champion (the config's own seed):
+On a preset (default ``tiny``, at its own step count) it trains and evaluates (or finds in ``--work``):
 
-- ``--candidates`` seed-only candidates: the same config with seeds outside the calibration, which a correct
-  gate must hold (any other verdict is a false alarm);
-- an improved candidate: ``--better`` times the training steps (must be promoted);
-- a degraded candidate: ``--worse`` times the steps (must be a regression).
+- ``--calibration-seeds`` seeds 1234, 1235, ... (the seeds ``benchmarks.preset_noise`` measures; 1234, the
+  preset's own seed, is the champion);
+- ``--candidates`` seed-only candidates, seeds 2000, 2001, ... (never part of a measurement), which a correct
+  gate must hold;
+- an improved candidate (``--better`` x the steps; must be promoted) and a degraded one (``--worse`` x the
+  steps; must be a regression).
 
-Each candidate is judged three ways on the same eval rows: **before** (the gate as it was: item-level SE only,
-no hold margin), **uncalibrated** (today's gate with no calibration: item SE, default hold margins) and
-**calibrated** (item SE plus twice the seed variance). It prints the calibration (seed SD, item SE, MDE per
-metric), every verdict, and the false-alarm rate and power of each gate; ``--out`` writes them as JSON.
-Everything is cached in ``--work`` (store + MLflow), so a rerun only judges.
+Each candidate is judged by four gates on the same eval rows:
 
-    python -m benchmarks.calibration [--preset tiny] [--steps N] [--seeds 5] [--candidates 5]
-                                     [--suites bpb completion] [--out results.json]
+- **before**: the gate as it was released before presets shipped their noise: item SE, hold margins at the
+  floors of ``evals.noise`` (0.12 bpb, 0.05 for the rates);
+- **default**: what ``codemill run`` does now with no calibration in the store: the noise shipped in
+  ``codemill/configs/<preset>.noise.json`` (the preset's recipe matches);
+- **uncalibrated**: a recipe no preset matches: item SE, hold margins derived from the nearest preset;
+- **calibrated**: ``codemill calibrate --seeds 5`` (the first 5 calibration seeds).
+
+It counts false promotions and false regressions of the seed-only candidates against the champion, and over
+every (calibration seed, candidate) pair (pairs share models, so their CI is optimistic), with exact binomial
+95% CIs, and reports the seed SD per metric at the preset's steps and at ``--also-steps``.
+
+    python -m benchmarks.calibration [--preset tiny] [--candidates 10] [--also-steps 50] [--out results.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
 
-from codemill.config import PipelineConfig, load_preset
+from benchmarks.preset_noise import FIRST_SEED, _env, bench_config, print_noise, run_scores, variant
+
+CANDIDATE_SEED = 2000
+GATES = ("before", "default", "uncalibrated", "calibrated")
 
 
-def _env(work: Path) -> None:
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    os.environ.setdefault("PREFECT_HOME", str(work / "prefect"))
+def binomial_ci(k: int, n: int) -> tuple[float, float]:
+    from scipy import stats
+
+    ci = stats.binomtest(k, n).proportion_ci(confidence_level=0.95, method="exact")
+    return float(ci.low), float(ci.high)
 
 
-def config(args: argparse.Namespace) -> PipelineConfig:
-    cfg = load_preset(args.preset)
-    work = Path(args.work).absolute()
-    cfg.name = f"bench-calibration-{args.preset}"
-    cfg.store_root, cfg.work_dir = str(work / "store"), str(work / "work")
-    cfg.mlflow_tracking_uri = f"sqlite:///{work / 'mlflow.db'}"
-    cfg.evaluate.suites = args.suites
-    if args.steps:
-        cfg.train.max_steps = args.steps
-    return cfg
+def judges(cfg: Any, per_seed: dict[int, dict[str, Any]], calibrated_seeds: int) -> dict[str, dict[str, Any]]:
+    """The ``gate`` keyword arguments of each of the four gates."""
+    from codemill.evals import preset_noise as pn
+    from codemill.evals.calibration import calibrate, recipe_key
+    from codemill.flows.plan import config_recipe
+
+    names = [m.name for m in cfg.gate.metrics]
+    recipe = config_recipe(cfg)
+    presets = pn.load_preset_noise()
+    shipped = pn.matching(presets, recipe_key(recipe), cfg.evaluate.digest_config())
+    if shipped is None:
+        raise SystemExit(f"no shipped noise matches preset {cfg.name}: run python -m benchmarks.preset_noise --write")
+    near = pn.nearest(presets, recipe["train"]["config"])  # as a changed copy of the preset would see it
+    seeds = sorted(per_seed)[:calibrated_seeds]
+    return {"before": {},
+            "default": {"noise": shipped[1], "calibration": shipped[0].label},
+            "uncalibrated": {"hold_margins": pn.hold_margins(near, names)},
+            "calibrated": {"noise": calibrate([per_seed[s] for s in seeds]),
+                           "calibration": f"codemill calibrate --seeds {calibrated_seeds} (seeds {seeds})"}}
 
 
-def variant(cfg: PipelineConfig, seed: int, steps: int) -> PipelineConfig:
-    c = cfg.model_copy(deep=True)
-    c.train.seed, c.train.max_steps = seed, steps
-    c.gate.enabled = False  # judged below, champion fixed
-    return c
-
-
-def scores_of_run(out: dict[str, Any], cfg: PipelineConfig) -> dict[str, Any]:
-    import polars as pl
-
-    from codemill.evals import suites
-    from codemill.store import ArtifactRef, ArtifactStore
-
-    store = ArtifactStore(cfg.store_root)
-    scores: dict[str, Any] = {}
-    for key, st in out["stages"].items():
-        if key.startswith("eval:"):
-            ref = ArtifactRef.model_validate(st["ref"])
-            scores |= suites.item_scores(ref.name, pl.read_parquet(store.local_path(ref) / suites.rows_file(ref.name)))
-    return scores
-
-
-def judge(cand: dict, champ: dict, cfg: PipelineConfig, noise: dict | None) -> dict[str, dict[str, Any]]:
+def verdicts(cand: dict, champ: dict, cfg: Any, kinds: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     from codemill.evals.gate import GateMetric, gate
 
-    names = [m for m in cfg.gate.metrics if m.name in cand and m.name in champ]
+    metrics = [GateMetric(m.name, m.margin, m.uncalibrated_margin) for m in cfg.gate.metrics
+               if m.name in cand and m.name in champ]
     out = {}
-    for label, metrics, n in (
-            ("before", [GateMetric(m.name, m.margin, 0.0) for m in names], None),
-            ("uncalibrated", [GateMetric(m.name, m.margin, m.uncalibrated_margin) for m in names], None),
-            ("calibrated", [GateMetric(m.name, m.margin) for m in names], noise)):
-        v = gate(cand, champ, metrics, cfg.gate.alpha, n)
-        out[label] = {"verdict": v.verdict, "metrics": {e.metric: {
-            "diff": e.diff, "se": e.se, "se_item": e.se_item, "seed_sd": e.seed_sd, "p_worse_holm": e.p_regression_holm,
-            "p_better_holm": e.p_improvement_holm, "mde": e.mde} for e in v.metrics}}
+    for kind, kwargs in kinds.items():
+        v = gate(cand, champ, metrics, cfg.gate.alpha, **kwargs)
+        out[kind] = {"verdict": v.verdict, "metrics": {e.metric: {
+            "diff": e.diff, "se": e.se, "se_item": e.se_item, "seed_sd": e.seed_sd, "hold_margin": e.hold_margin,
+            "p_worse_holm": e.p_regression_holm, "p_better_holm": e.p_improvement_holm} for e in v.metrics}}
     return out
+
+
+def rates(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    out = {}
+    for kind in GATES:
+        n = len(results)
+        promoted = sum(r[kind]["verdict"] == "promote" for r in results)
+        flagged = sum(r[kind]["verdict"] == "regression" for r in results)
+        out[kind] = {"n": n, "false_promotions": promoted, "false_promotion_ci": binomial_ci(promoted, n),
+                     "false_regressions": flagged, "false_regression_ci": binomial_ci(flagged, n)}
+    return out
+
+
+def print_rates(title: str, table: dict[str, dict[str, Any]]) -> None:
+    print(title)
+    for kind, r in table.items():
+        lo, hi = r["false_promotion_ci"]
+        rlo, rhi = r["false_regression_ci"]
+        print(f"  {kind:<13} false promotions {r['false_promotions']:>3}/{r['n']:<4} (95% CI {lo:.3f}-{hi:.3f})"
+              f"   false regressions {r['false_regressions']:>3}/{r['n']:<4} (95% CI {rlo:.3f}-{rhi:.3f})")
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", default="tiny")
-    p.add_argument("--seeds", type=int, default=5, help="calibration seeds (the champion's seed is the first)")
-    p.add_argument("--candidates", type=int, default=5, help="seed-only candidates (seeds not calibrated)")
-    p.add_argument("--better", type=float, default=3.0, help="training steps of the improved candidate, x")
-    p.add_argument("--worse", type=float, default=0.1, help="training steps of the degraded candidate, x")
-    p.add_argument("--suites", nargs="+", default=["bpb", "completion"])
-    p.add_argument("--steps", type=int, default=None, help="training steps of the config (default: the preset's)")
-    p.add_argument("--work", default=".codemill/bench-calibration")
+    p.add_argument("--calibration-seeds", type=int, default=10)
+    p.add_argument("--candidates", type=int, default=10)
+    p.add_argument("--calibrated-seeds", type=int, default=5, help="seeds of the codemill calibrate gate")
+    p.add_argument("--better", type=float, default=2.0, help="training steps of the improved candidate, x")
+    p.add_argument("--worse", type=float, default=1 / 3, help="training steps of the degraded candidate, x")
+    p.add_argument("--also-steps", type=int, nargs="*", default=[50], help="also report the seed SD at these steps")
+    p.add_argument("--work", default=".codemill/bench-noise")
     p.add_argument("--out", default=None, help="write the results as JSON here")
     args = p.parse_args()
     work = Path(args.work).absolute()
     work.mkdir(parents=True, exist_ok=True)
     _env(work)
-    from codemill.evals.calibration import find_calibration, noise_of
-    from codemill.flows.calibrate import calibrate
-    from codemill.flows.pipeline import pipeline
-    from codemill.store import ArtifactStore
+    from codemill.evals.calibration import calibrate
 
-    cfg = config(args)
-    base_seed, steps = cfg.train.seed, cfg.train.max_steps
+    cfg = bench_config(args.preset, work)
+    steps = cfg.train.max_steps
     t0 = time.perf_counter()
-    cal = calibrate(config=cfg, seeds=args.seeds)
-    print(f"calibration of {cal['config_key'][:12]} on seeds {cal['seeds']} ({time.perf_counter() - t0:.0f}s)")
-    print(f"{'metric':<28}{'seed SD':>9}{'item SE':>9}{'SE cmp':>9}{'MDE +':>9}{'MDE -':>9}")
-    for r in cal["metrics"]:
-        print(f"{r['metric']:<28}{r['seed_sd']:>9.4f}{r['item_se']:>9.4f}{r['se_total']:>9.4f}"
-              f"{r['mde_better']:>9.4f}{r['mde_worse']:>9.4f}")
-    found = find_calibration(ArtifactStore(cfg.store_root), cal["config_key"])
-    assert found is not None
-    noise = noise_of(found[1])
-    champion = scores_of_run(pipeline(config=variant(cfg, base_seed, steps)), cfg)
-    new_seeds = [s for s in range(base_seed + 1000, base_seed + 2000) if s not in cal["seeds"]][: args.candidates]
-    candidates = [(f"seed {s}", "hold", variant(cfg, s, steps)) for s in new_seeds]
-    candidates += [(f"seed {s} (calibration)", "hold", variant(cfg, s, steps)) for s in cal["seeds"][1:]]
-    better, worse = round(steps * args.better), max(1, round(steps * args.worse))
-    candidates += [(f"{args.better:g}x steps", "promote", variant(cfg, base_seed + 1, better)),
-                   (f"{args.worse:g}x steps", "regression", variant(cfg, base_seed + 1, worse))]
-    results = []
-    for label, expected, c in candidates:
-        t1 = time.perf_counter()
-        scores = scores_of_run(pipeline(config=c), cfg)
-        verdicts = judge(scores, champion, cfg, noise)
-        results.append({"candidate": label, "expected": expected, **verdicts})
-        diffs = ", ".join(f"{k} {v['diff']:+.4f}" for k, v in verdicts["calibrated"]["metrics"].items())
-        print(f"{label:<26} before {verdicts['before']['verdict']:<10} uncalibrated "
-              f"{verdicts['uncalibrated']['verdict']:<10} calibrated {verdicts['calibrated']['verdict']:<10} "
-              f"({diffs}; {time.perf_counter() - t1:.0f}s)")
-    summary = {}
-    for gate_kind in ("before", "uncalibrated", "calibrated"):
-        fresh = [r for r in results if r["expected"] == "hold" and "calibration" not in r["candidate"]]
-        summary[gate_kind] = {
-            "false_alarms": sum(r[gate_kind]["verdict"] != "hold" for r in fresh), "seed_only": len(fresh),
-            "improved_promoted": all(r[gate_kind]["verdict"] == "promote" for r in results
-                                     if r["expected"] == "promote"),
-            "degraded_flagged": all(r[gate_kind]["verdict"] == "regression" for r in results
-                                    if r["expected"] == "regression")}
-        s = summary[gate_kind]
-        print(f"{gate_kind:<13} false alarms {s['false_alarms']}/{s['seed_only']} seed-only candidates; improved "
-              f"promoted: {s['improved_promoted']}; degraded flagged: {s['degraded_flagged']}")
+    cal_seeds = list(range(FIRST_SEED, FIRST_SEED + args.calibration_seeds))
+    cand_seeds = list(range(CANDIDATE_SEED, CANDIDATE_SEED + args.candidates))
+    per_seed = {s: run_scores(variant(cfg, s)) for s in cal_seeds}
+    candidates = {s: run_scores(variant(cfg, s)) for s in cand_seeds}
+    better = run_scores(variant(cfg, CANDIDATE_SEED, round(steps * args.better)))
+    worse = run_scores(variant(cfg, CANDIDATE_SEED, max(1, round(steps * args.worse))))
+    print(f"trainings and evaluations ready ({time.perf_counter() - t0:.0f}s)")
+    noise = {str(steps): calibrate(list(per_seed.values()))}
+    for other in args.also_steps:
+        noise[str(other)] = calibrate([run_scores(variant(cfg, s, other)) for s in cal_seeds])
+    for st, n in noise.items():
+        print_noise(f"seed noise at {st} steps ({len(cal_seeds)} seeds)", n)
+
+    kinds = judges(cfg, per_seed, args.calibrated_seeds)
+    champion = per_seed[FIRST_SEED]
+    vs_champion = [{"candidate": s, **verdicts(candidates[s], champion, cfg, kinds)} for s in cand_seeds]
+    pairs = [{"champion": c, "candidate": s, **verdicts(candidates[s], per_seed[c], cfg, kinds)}
+             for c in cal_seeds for s in cand_seeds]
+    real = {f"{args.better:g}x steps (must promote)": verdicts(better, champion, cfg, kinds),
+            f"{args.worse:.2g}x steps (must be a regression)": verdicts(worse, champion, cfg, kinds)}
+    print(f"\n{'candidate vs seed ' + str(FIRST_SEED):<34}" + "".join(f"{k:>14}" for k in GATES) + "   diff bpb")
+    for r in vs_champion:
+        print(f"{'seed ' + str(r['candidate']):<34}" + "".join(f"{r[k]['verdict']:>14}" for k in GATES)
+              + f"   {r['before']['metrics']['val_bpb']['diff']:+.4f}")
+    for label, r in real.items():
+        print(f"{label:<34}" + "".join(f"{r[k]['verdict']:>14}" for k in GATES)
+              + f"   {r['before']['metrics']['val_bpb']['diff']:+.4f}")
+    print("\nhold margins (uncalibrated): " + ", ".join(f"{m} {v:.3f}" for m, v in
+                                                      kinds["uncalibrated"]["hold_margins"].items()))
+    table, pair_table = rates(vs_champion), rates(pairs)
+    print_rates(f"\n{len(cand_seeds)} seed-only candidates vs the champion (seed {FIRST_SEED})", table)
+    print_rates(f"every pair of {len(cal_seeds)} calibration seeds x {len(cand_seeds)} candidates", pair_table)
     print(f"total {time.perf_counter() - t0:.0f}s")
     if args.out:
-        Path(args.out).write_text(json.dumps({"calibration": cal["metrics"], "seeds": cal["seeds"],
-                                              "candidates": results, "summary": summary}, indent=2, default=str))
+        Path(args.out).write_text(json.dumps({
+            "preset": args.preset, "steps": steps,
+            "seed_noise": {st: {k: v.as_dict() for k, v in n.items()} for st, n in noise.items()},
+            "hold_margins": kinds["uncalibrated"]["hold_margins"], "vs_champion": vs_champion,
+            "rates_vs_champion": table, "rates_all_pairs": pair_table, "real_changes": real}, indent=2, default=str))
 
 
 if __name__ == "__main__":

@@ -142,9 +142,9 @@ def check_cuda() -> Check:
 
 
 def checkpoint_bytes(cfg: PipelineConfig) -> int | None:
-    """Disk a training's checkpoints need in ``work_dir``: weights and the two AdamW moments (fp32) per kept
-    checkpoint plus the one being written, and the exported weights. None for a pretrained start (its size is
-    not known before it loads)."""
+    """Disk the trainings' checkpoints need in ``work_dir``: weights and the two AdamW moments (fp32) per kept
+    checkpoint plus the one being written, and the exported weights, for each of ``train.seeds``. None for a
+    pretrained start (its size is not known before it loads)."""
     if cfg.train.init_from:
         return None
     m, vocab = cfg.train.model, cfg.tokenize.vocab_size
@@ -152,7 +152,7 @@ def checkpoint_bytes(cfg: PipelineConfig) -> int | None:
     per_layer = (2 * m.hidden_size * m.hidden_size + 2 * m.hidden_size * head_dim * m.num_kv_heads
                  + 3 * m.hidden_size * m.intermediate_size + 2 * m.hidden_size)
     params = vocab * m.hidden_size + m.num_layers * per_layer + m.hidden_size  # embeddings tied to the head
-    return params * 4 * (3 * (cfg.train.keep_checkpoints + 1) + 1)
+    return params * 4 * (3 * (cfg.train.keep_checkpoints + 1) + 1) * cfg.train.seeds
 
 
 def check_disk(cfg: PipelineConfig) -> Check:
@@ -167,6 +167,7 @@ def check_disk(cfg: PipelineConfig) -> Check:
     need += DISK_MARGIN
     if free < need:
         return Check("disk", f"{free / MiB:,.0f} MiB free in {folder}, the training needs about "
-                             f"{need / MiB:,.0f} MiB (checkpoints x{cfg.train.keep_checkpoints + 1} and export)",
+                             f"{need / MiB:,.0f} MiB (checkpoints x{cfg.train.keep_checkpoints + 1} and export, "
+                             f"x{cfg.train.seeds} seeds)",
                      hint="free disk there, lower train.keep_checkpoints, or set work_dir elsewhere")
     return Check("disk", detail=f"{free / MiB:,.0f} MiB free, about {need / MiB:,.0f} MiB needed")

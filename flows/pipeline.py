@@ -3,7 +3,7 @@ run.
 
 The run is planned first (every step's digest, from the config and the source fingerprints; see
 ``flows.plan``), then executed; ``until`` keeps the steps up to a stage. With ``train.seeds`` > 1 the
-candidate is also trained and evaluated at seeds ``seed + 1 ...`` (stages ``seed<N>:train``,
+candidate is also trained and evaluated at seeds ``seed + 1 ...`` (planned steps ``seed<N>:train``,
 ``seed<N>:<suite>``), and the gate compares the mean of all its seeds. Steps whose artifacts are already in
 the store are skipped, so running "until train" after "until tokenize" redoes nothing.
 """
@@ -22,7 +22,7 @@ from codemill.flows.common import eval_results, execute, flow_result, flow_run_u
 from codemill.flows.evaluate import gate_against_champion
 from codemill.flows.hooks import record_failure_on_mlflow, run_name_from, tag_current_flow_run
 from codemill.flows.plan import plan_pipeline
-from codemill.flows.seeds import train_and_evaluate
+from codemill.flows.seeds import seed_evals
 from codemill.plan import Phase
 from codemill.tasks.ingest import fingerprint_sources_task
 from codemill.tasks.resolve_model import trained_model
@@ -39,18 +39,12 @@ def run_pipeline(config: PipelineConfig, until: str = "evaluate", flow_name: str
     store, ctx, lineage, parent = open_flow_run(config, flow_run.name or flow_name, flow_run.id, flow_run_url())
     verdict = None
     try:
-        sources = fingerprint_sources_task(config.ingest)
-        steps = plan_pipeline(config, sources, store, until)
+        steps = plan_pipeline(config, fingerprint_sources_task(config.ingest), store, until)
         stages = execute(steps, ctx, store)
         if until == "evaluate":
-            seed_evals = None
-            if config.train.seeds > 1:  # more seeds of the candidate: trained and evaluated after the first
-                others = [config.train.seed + i for i in range(1, config.train.seeds)]
-                runs = train_and_evaluate(config, sources, others, ctx, store)
-                stages |= runs.stages()
-                seed_evals = {config.train.seed: eval_results(stages), **runs.evals}
             verdict = gate_against_champion(ctx, store, config, trained_model(ctx, stages["train"]),
-                                            store.ref_for(steps[0].plan), eval_results(stages), seed_evals)
+                                            store.ref_for(steps[0].plan), eval_results(stages),
+                                            seed_evals(config, stages))
     except BaseException:
         lineage.end_run(parent, failed=True)
         raise

@@ -9,7 +9,7 @@ stage is one more step here (its plan function and its task live in its ``tasks/
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from codemill.config import PipelineConfig, TokenizeConfig
@@ -30,7 +30,7 @@ Binder = Callable[[RunContext, dict[str, StageResult]], dict[str, Any]]
 class Step:
     """One stage of a run: its plan, the task that produces it, and the task's other arguments."""
 
-    key: str  # the result's name in the run: ingest, tokenizer, tokenize, train, eval:<suite>
+    key: str  # the result's name in the run: ingest, tokenizer, tokenize, train, eval:<suite>, seed<N>:...
     phase: str  # what ``until`` selects on
     plan: StagePlan
     task: Any  # the Prefect task: task(plan=..., ctx=..., **params, **bind(ctx, results))
@@ -65,7 +65,44 @@ def plan_pipeline(config: PipelineConfig, sources: list[dict], store: ArtifactSt
 
     evals = plan_evaluations(config, store.ref_for(train.plan), corpus, bind=bind_trained)
     steps = [ingest, tokenizer, tokens, train, *evals]
+    if until == "evaluate":  # train.seeds: the candidate's other seeds, trained and evaluated after it
+        for seed in extra_seeds(config):
+            steps += plan_seed(config, sources, store, seed)
     return [s for s in steps if PHASES.index(s.phase) <= PHASES.index(until)]
+
+
+def extra_seeds(config: PipelineConfig) -> list[int]:
+    """The seeds ``train.seeds`` adds after ``train.seed``: seed + 1, seed + 2, ..."""
+    return [config.train.seed + i for i in range(1, config.train.seeds)]
+
+
+def seed_config(config: PipelineConfig, seed: int) -> PipelineConfig:
+    return config.model_copy(update={"train": config.train.model_copy(update={"seed": seed, "seeds": 1})})
+
+
+def seed_key(seed: int, name: str) -> str:
+    """How a run names one more seed's steps: ``seed<N>:train``, ``seed<N>:<suite>`` (never ``eval:...``)."""
+    return f"seed{seed}:{name}"
+
+
+def plan_seed(config: PipelineConfig, sources: list[dict], store: ArtifactStore, seed: int) -> list[Step]:
+    """The training and evaluations of ``config`` at another seed (its data steps are the run's own)."""
+    out = []
+    for step in plan_pipeline(seed_config(config, seed), sources, store, "evaluate"):
+        if step.phase == "train":
+            out.append(replace(step, key=seed_key(seed, "train")))
+        elif step.phase == "evaluate":
+            out.append(replace(step, key=seed_key(seed, step.plan.name), bind=_bind_seed(step.bind, seed)))
+    return out
+
+
+def _bind_seed(bind: Binder | None, seed: int) -> Binder | None:
+    if bind is None:
+        return None
+
+    def bound(ctx: RunContext, results: dict[str, StageResult]) -> dict[str, Any]:
+        return bind(ctx, {"train": results[seed_key(seed, "train")]})
+    return bound
 
 
 def config_recipe(config: PipelineConfig) -> dict[str, Any]:

@@ -1,14 +1,15 @@
 """Several seeds of one config in one flow run: the data stages once, then a training and the evaluations per
-seed. Shared by ``calibrate`` (N seeds -> the seed noise of a config) and ``pipeline`` (``train.seeds``: the
-candidate trained N times, gated on the mean with its own spread)."""
+seed (``flows.plan.plan_seed``). ``calibrate`` trains N seeds (on Ray at once when there is one) for the seed
+noise of a config; a ``pipeline`` with ``train.seeds`` plans its extra seeds as steps, and the gate reads their
+evaluations by seed."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from codemill.config import PipelineConfig
-from codemill.flows.common import run_stage_task
-from codemill.flows.plan import Step, plan_pipeline
+from codemill.flows.common import eval_results, run_stage_task
+from codemill.flows.plan import Step, extra_seeds, plan_seed, seed_key
 from codemill.store import ArtifactStore
 from codemill.tasks.common import RunContext, StageResult
 from codemill.tasks.fanout import on_ray
@@ -22,16 +23,11 @@ class SeedRuns:
     evals: dict[int, dict[str, StageResult]]
 
     def stages(self) -> dict[str, StageResult]:
-        """As a run summary lists them: ``seed<N>:train``, ``seed<N>:<suite>`` (never ``eval:...``, the keys
-        of the run's own candidate)."""
-        out = {f"seed{seed}:train": t for seed, t in self.trained.items()}
+        """As a run summary lists them: ``seed<N>:train``, ``seed<N>:<suite>``."""
+        out = {seed_key(seed, "train"): t for seed, t in self.trained.items()}
         for seed, by_suite in self.evals.items():
-            out |= {f"seed{seed}:{suite}": r for suite, r in by_suite.items()}
+            out |= {seed_key(seed, suite): r for suite, r in by_suite.items()}
         return out
-
-
-def seed_config(config: PipelineConfig, seed: int) -> PipelineConfig:
-    return config.model_copy(update={"train": config.train.model_copy(update={"seed": seed, "seeds": 1})})
 
 
 def _train_all(steps: dict[int, Step], ctx: RunContext, store: ArtifactStore) -> dict[int, StageResult]:
@@ -53,12 +49,23 @@ def _train_all(steps: dict[int, Step], ctx: RunContext, store: ArtifactStore) ->
 def train_and_evaluate(config: PipelineConfig, sources: list[dict], seeds: list[int], ctx: RunContext,
                        store: ArtifactStore) -> SeedRuns:
     """Train and evaluate ``config`` at each seed (the data stages must have run: they are the same for all)."""
-    plans = {seed: plan_pipeline(seed_config(config, seed), sources, store, "evaluate") for seed in seeds}
-    trained = _train_all({seed: next(s for s in p if s.key == "train") for seed, p in plans.items()}, ctx, store)
+    plans = {seed: plan_seed(config, sources, store, seed) for seed in seeds}
+    trained = _train_all({seed: next(s for s in p if s.phase == "train") for seed, p in plans.items()}, ctx, store)
     evals: dict[int, dict[str, StageResult]] = {}
     for seed, steps in plans.items():
+        results = {seed_key(seed, "train"): trained[seed]}
         for step in (s for s in steps if s.phase == "evaluate"):
-            bound = step.bind(ctx, {"train": trained[seed]}) if step.bind else {}
+            bound = step.bind(ctx, results) if step.bind else {}
             done = run_stage_task(step.task, store, plan=step.plan, ctx=ctx, **step.params, **bound)
             evals.setdefault(seed, {})[step.plan.name] = done
     return SeedRuns(trained, evals)
+
+
+def seed_evals(config: PipelineConfig, stages: dict[str, StageResult]) -> dict[int, dict[str, StageResult]] | None:
+    """A ``train.seeds`` run's evaluations by seed, the candidate's own first (None for one seed)."""
+    if config.train.seeds < 2:
+        return None
+    out = {config.train.seed: eval_results(stages)}
+    for seed in extra_seeds(config):
+        out[seed] = {suite: stages[seed_key(seed, suite)] for suite in out[config.train.seed]}
+    return out

@@ -52,3 +52,28 @@ def test_run_summary_fits_80_columns():
     text = "\n".join(lines)
     assert "eval:completion ran" in text and "12.3" in text and "completion-abababababab" in text
     assert "seed SD 0.0053 (5 seeds)" in text and "MDE (80% power) better 0.0456" in text
+
+
+def test_an_uncalibrated_summary_says_what_to_run_and_how_long_it_takes():
+    def stage(status: str, wall: float) -> dict:
+        return {"ref": {"stage": "s", "name": "n", "digest": "ab" * 32, "uri": "/s"}, "status": status,
+                "cost": {"wall_s": wall, "cpu_s": wall, "gpu_s": 0.0}}
+
+    metric = {"metric": "val_bpb", "candidate": 2.4, "champion": 2.5, "diff": 0.1, "ci_low": 0.05, "ci_high": 0.15,
+              "se": 0.01, "se_item": 0.01, "seed_sd": 0.0, "n_seeds": 0, "calibrated": False, "hold_margin": 0.45,
+              "p_regression": 1.0, "p_regression_holm": 1.0, "p_improvement": 0.0, "p_improvement_holm": 0.0,
+              "n_items": 80, "n_clusters": 20}
+    gate = {"verdict": "hold", "reason": "uncalibrated", "registered_model": "m", "alias": "champion",
+            "champion_version": "1", "metrics": [metric], "calibrated": False,
+            "calibrate_advice": "codemill calibrate --seeds 5 --from-champion"}
+    out = {"stages": {"train": stage("ran", 70.0), "eval:bpb": stage("ran", 20.0)}, "scores": {}, "gate": gate}
+    lines = summary_lines(out, 90.0)
+    text = " ".join(" ".join(lines).split())  # wrapped lines joined back
+    assert max(map(len, lines)) <= 80
+    assert ("for a calibrated verdict: codemill calibrate --seeds 5 --from-champion (about 8 min here: 5 x 90 s "
+            "of training and evaluation") in text, text
+    assert "uncalibrated (hold below 0.45)" in text
+    cached = {**out, "stages": {"train": stage("cached", 0.0), "eval:bpb": stage("ran", 20.0)}}
+    assert "(5 trainings and evaluations of this config;" in " ".join(" ".join(summary_lines(cached, 1.0)).split())
+    calibrated = {**out, "gate": {**gate, "calibrated": True, "metrics": [{**metric, "calibrated": True}]}}
+    assert "for a calibrated verdict" not in " ".join(summary_lines(calibrated, 1.0))
