@@ -130,18 +130,17 @@ def summary_lines(out: Mapping[str, Any], wall_s: float) -> list[str]:
 
 
 def calibrate_advice(command: str, stages: Mapping[str, Any]) -> str:
-    """One line: what to run for a calibrated verdict and about how long it takes, from what this run's
-    training and evaluations cost (when they ran)."""
+    """One line: what to run for a calibrated verdict and about how long it takes, estimated from what this
+    run's training and evaluations cost (when they ran here)."""
     import re
 
     seeds = int(m.group(1)) if (m := re.search(r"--seeds (\d+)", command)) else 5
     ran = {k: st for k, st in stages.items() if k == "train" or k.startswith("eval:")}
     walls = [float(w) for st in ran.values() if st.get("status") == "ran"
              and (w := (st.get("cost") or {}).get("wall_s")) is not None]
-    each = sum(walls)
-    cost = (f"about {max(1, round(seeds * each / 60))} min here: {seeds} x {each:.0f} s of training and evaluation"
-            if "train" in ran and len(walls) == len(ran) else f"{seeds} trainings and evaluations of this config")
-    return f"for a calibrated verdict: {command} ({cost}; trainings already in the store count)"
+    cost = (f"about {max(1, round(seeds * sum(walls) / 60))} min here" if "train" in ran and len(walls) == len(ran)
+            else f"{seeds} trainings + evals")
+    return f"to calibrate: {command} ({cost})"
 
 
 def calibration_lines(out: Mapping[str, Any], wall_s: float) -> list[str]:

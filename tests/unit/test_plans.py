@@ -108,3 +108,23 @@ def test_describe_tells_run_from_skip_and_writes_nothing(tmp_path: Path) -> None
     rows = describe(steps, store)
     assert rows[0]["action"] == "skip (in store)" and {r["action"] for r in rows[1:]} == {"run"}
     assert rows[0]["uri"] == store.ref_for(steps[0].plan).uri and rows[0]["digest"] == steps[0].plan.digest
+
+
+def test_train_seeds_plans_the_other_seeds_as_steps_that_share_the_data(tmp_path: Path) -> None:
+    from codemill.evals.calibration import recipe_key, recipe_of_plans
+
+    cfg = load_preset("tiny")
+    one = {s.key: s for s in _steps(tmp_path, cfg)}
+    cfg.train.seeds = 3
+    three = {s.key: s for s in _steps(tmp_path, cfg)}
+    assert set(three) - set(one) == {f"seed{s}:{k}" for s in (1235, 1236) for k in ("train", *cfg.evaluate.suites)}
+    assert one["train"].plan.digest == three["train"].plan.digest  # seeds is not part of any digest
+    assert three["seed1235:train"].plan.config["seed"] == 1235
+    assert three["seed1235:train"].plan.inputs == three["train"].plan.inputs  # the same tokens
+    assert three["seed1236:bpb"].plan.inputs["model"].digest == three["seed1236:train"].plan.digest
+    assert "seed1235:train" not in {s.key for s in _steps(tmp_path, cfg, "train")}  # extra seeds exist to be gated
+    assert recipe_key(recipe_of_plans([three["seed1236:train"].plan, *(one[k].plan for k in
+                                                                      ("ingest", "tokenizer", "tokenize"))])) \
+        == recipe_key(recipe_of_plans([s.plan for s in one.values()]))
+    rows = describe(list(three.values()), _store(tmp_path))
+    assert [r["step"] for r in rows if r["step"].startswith("seed")][:2] == ["seed1235:train", "seed1235:bpb"]
