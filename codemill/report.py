@@ -60,9 +60,11 @@ def gate_noise_table(gate: Mapping[str, Any]) -> list[str]:
                      f"| {m['p_regression_holm']:.3g} | {m['p_improvement_holm']:.3g} | {m.get('mde', 0.0):.4f} "
                      f"| {m.get('mde_worse', 0.0):.4f} |")
     if not gate.get("calibrated"):
-        lines.append("\n**uncalibrated**: no seed-noise calibration of the champion's config (`codemill "
-                     "calibrate`); differences below the hold margin count as none.")
-    lines.append("\nSE total = sqrt(SE item^2 + 2 x seed SD^2); MDE: the smallest true difference detected with "
+        lines.append(f"\n**uncalibrated**: no seed noise for the champion's recipe (`"
+                     f"{gate.get('calibrate_advice', 'codemill calibrate')}`); differences below the hold margin "
+                     "count as none.")
+    lines.append("\nSE total = sqrt(SE item^2 + 2 x seed SD^2) (a candidate averaged over N seeds: + its seeds' "
+                 "SD^2 / N in place of one seed SD^2); MDE: the smallest true difference detected with "
                  "80% power (one-sided, alpha / number of metrics).")
     return [*lines, ""]
 
@@ -73,7 +75,10 @@ LOG_WIDTH = 80
 def metric_lines(m: Mapping[str, Any], a: str = "candidate", b: str = "champion") -> list[str]:
     """One gate metric as six lines under 80 columns (for logs and terminals; --json has everything)."""
     seed = (f"seed SD {m['seed_sd']:.4f} ({m['n_seeds']} seeds)" if m.get("calibrated")
-            else f"uncalibrated (hold below {m.get('hold_margin', 0.0):g})")
+            else f"uncalibrated (hold below {m.get('hold_margin', 0.0):.3g})")
+    if m.get("candidate_seeds", 1) > 1:
+        own = m.get("candidate_seed_sd")
+        seed += f"; {a}: mean of {m['candidate_seeds']}" + (f", SD {own:.4f}" if own is not None else "")
     df = f"   df {m['df']:.1f}" if m.get("df") else ""
     return [f"{m['metric']} (+ = {a} better)",
             f"  {a} {m['candidate']:.4f}   {b} {m['champion']:.4f}   diff {m['diff']:+.4f}",
@@ -94,7 +99,7 @@ def comparison_text(result: Mapping[str, Any]) -> str:
     if result.get("calibration"):
         lines += textwrap.wrap(f"noise: calibrated ({result['calibration']})", LOG_WIDTH, subsequent_indent="  ")
     else:
-        lines.append("noise: uncalibrated (item-level SE only; no codemill calibrate for b's config)")
+        lines.append("noise: uncalibrated (item-level SE only; no seed noise for b's recipe)")
     for m in result["metrics"]:
         lines += ["", *metric_lines(m, "a", "b")]
     return "\n".join(lines)
@@ -104,14 +109,14 @@ def summary_lines(out: Mapping[str, Any], wall_s: float) -> list[str]:
     """The run summary for an 80-column log: one line per stage (status, cost, artifact), the scores, the
     gate with each metric's noise, where to look."""
     lines = [f"codemill finished in {wall_s:.1f}s", "",
-             f"{'stage':<16}{'status':<10}{'wall s':>8}{'CPU s':>8}{'GPU s':>7}  artifact (in the store)"]
+             f"{'stage':<20}{'status':<10}{'wall s':>8}{'CPU s':>8}{'GPU s':>7}  artifact (in the store)"]
     for name, st in out["stages"].items():
         status = {"cached": "cached", "present": "in store"}.get(st["status"], "ran")
         cost = (st.get("cost") or {}) if status == "ran" else {}
         nums = "".join(f"{cost[k]:>{w}.1f}" if k in cost else f"{'-':>{w}}"
                        for k, w in (("wall_s", 8), ("cpu_s", 8), ("gpu_s", 7)))
         ref = st["ref"]
-        lines.append(f"{name[:15]:<16}{status:<10}{nums}  {ref['name']}-{ref['digest'][:12]}")
+        lines.append(f"{name[:19]:<20}{status:<10}{nums}  {ref['name']}-{ref['digest'][:12]}")
     s = out["scores"]
     lines.append("")
     for key in sorted(k for k in s if "_ci_" not in k):
@@ -121,6 +126,8 @@ def summary_lines(out: Mapping[str, Any], wall_s: float) -> list[str]:
     if g:
         lines += ["", *textwrap.wrap(f"gate: {g['verdict']} ({g['reason']}); {g['registered_model']}@{g['alias']} = "
                                      f"version {g['champion_version']}", LOG_WIDTH, subsequent_indent="  ")]
+        if g.get("calibration"):
+            lines += textwrap.wrap(f"noise: {g['calibration']}", LOG_WIDTH, subsequent_indent="  ")
         for m in g.get("metrics") or []:
             lines += metric_lines(m)
         if g.get("metrics") and not g.get("calibrated"):

@@ -10,11 +10,12 @@ Two keys, for two questions:
   tokenizer, tokens, train) with the seed, the starting weights (``init_from``) and the data's content left
   out. It says "trained the same way", so a calibration keyed by it applies to tomorrow's model of the same
   recipe: the nightly chain, which fine-tunes from a new champion on a grown corpus every night, stays
-  calibrated. Whether a training starts from weights at all (fine-tune vs scratch) is part of the recipe.
+  calibrated. What kind of model a training starts from (none: scratch; else the architecture of the
+  weights, ``start_fingerprint``) is part of the recipe.
 
-A calibration artifact (stage ``calibrate``) holds ``noise.json``: both keys, the seeds (model digest and
-LoggedModel id of each) and, per metric, every seed's value on the same eval items, the between-seed SD and
-the RMS paired item-level SE between two seeds.
+A calibration artifact (stage ``calibrate``) holds ``noise.json``: both keys, the digests of the suite configs
+it was evaluated with, the seeds (model digest and LoggedModel id of each) and, per metric, every seed's value
+on the same eval items, the between-seed SD and the RMS paired item-level SE between two seeds.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from codemill.evals.gate import ItemScores
@@ -54,6 +56,24 @@ UPSTREAM: dict[str, tuple[str, str]] = {"tokens": ("tokenize", "tokens"), "token
 RECIPE_STAGES = ("ingest", "tokenizer", "tokenize", "train")
 
 
+# What a recipe keeps of its starting weights: the kind of model, from its config.json.
+START_KEYS = ("model_type", "architectures", "hidden_size", "intermediate_size", "num_hidden_layers",
+              "num_attention_heads", "num_key_value_heads", "vocab_size", "tie_word_embeddings")
+
+
+def start_fingerprint(init_from: str | None) -> dict[str, Any] | None:
+    """What kind of model a training starts from, not which weights: tonight's and tomorrow's champions share
+    it, a 125M and a 1B base model do not. The architecture in a local folder's config.json; the name itself
+    for a hub model (or a folder without one). None: from scratch."""
+    if not init_from:
+        return None
+    config = Path(init_from).expanduser() / "config.json"
+    if config.is_file():
+        arch = json.loads(config.read_text())
+        return {k: arch[k] for k in START_KEYS if k in arch}
+    return {"name": init_from}
+
+
 def stage_recipe(stage: str, code_version: str, config: Mapping[str, Any], input_names: Sequence[str]) -> dict:
     """One stage of a recipe: its code version, its config less the volatile keys, the names (not the digests)
     of the artifacts it was made from (source fingerprints left out)."""
@@ -73,7 +93,7 @@ def recipe_of_plans(plans: Sequence[Any]) -> dict[str, Any]:
     if missing:
         raise ValueError(f"a recipe needs the plans of {list(RECIPE_STAGES)}; missing {missing}")
     out: dict[str, Any] = {s: stage_recipe(s, p.code_version, p.config, list(p.inputs)) for s, p in by_stage.items()}
-    out["fine_tune"] = bool(by_stage["train"].config.get("init_from"))
+    out["start"] = start_fingerprint(by_stage["train"].config.get("init_from"))
     return out
 
 
@@ -81,7 +101,7 @@ def recipe_of_model(store: ArtifactStore, train: Manifest) -> dict[str, Any] | N
     """The recipe of a committed training, walked from its manifest up its chain in the store (None when a
     link of the chain is not in this store)."""
     out: dict[str, Any] = {"train": stage_recipe("train", train.code_version, train.config, list(train.inputs)),
-                           "fine_tune": bool(train.config.get("init_from"))}
+                           "start": start_fingerprint(train.config.get("init_from"))}
     frontier = [train]
     while frontier:
         m = frontier.pop()
@@ -143,6 +163,13 @@ def calibrate(per_seed: Sequence[Mapping[str, ItemScores]]) -> dict[str, SeedNoi
     return out
 
 
+def spread(per_seed: Sequence[Mapping[str, ItemScores]]) -> dict[str, SeedNoise]:
+    """Each metric's between-seed spread of its value (no paired item SEs: only the variance is needed, and
+    ``train.seeds`` may be large)."""
+    metrics = sorted(set.intersection(*(set(s) for s in per_seed)))
+    return {m: seed_noise(m, [metric_value(s[m]) for s in per_seed]) for m in metrics}
+
+
 def _common(a: ItemScores, b: ItemScores):
     import numpy as np
 
@@ -191,37 +218,52 @@ def model_recipe(store: ArtifactStore, model_digest: str | None) -> dict[str, An
 def calibrate_command(recipe: Mapping[str, Any] | None, seeds: int = 5) -> str:
     """The command that calibrates a champion of this recipe: a fine-tuned one is calibrated by fine-tuning
     seeds from the champion (the nightly chain), a scratch one by training seeds of its config."""
-    return f"codemill calibrate --seeds {seeds}" + (" --from-champion" if recipe and recipe.get("fine_tune") else "")
+    return f"codemill calibrate --seeds {seeds}" + (" --from-champion" if recipe and recipe.get("start") else "")
+
+
+def calibrated_metrics(payload: Mapping[str, Any], evaluate_config: Mapping[str, Any]) -> dict[str, Any]:
+    """The metrics of a calibration whose suite was evaluated with the settings configured now (other settings
+    score other items, whose noise this is not)."""
+    from codemill.evals import preset_noise as pn
+
+    now, then = pn.suite_digests(evaluate_config), payload.get("suite_digests") or {}
+    return {m: v for m, v in payload["metrics"].items()
+            if (suite := pn.SUITE_OF_METRIC.get(m)) is not None and now.get(suite) == then.get(suite)}
 
 
 def gate_noise(store: ArtifactStore, champion_digest: str | None, evaluate_config: Mapping[str, Any],
-               metrics: Sequence[str]) -> dict[str, Any]:
-    """What the gate knows of the champion's seed noise, first found first:
+               metrics: Sequence[str], config_recipes: Sequence[str] = ()) -> dict[str, Any]:
+    """What the gate knows of the champion's seed noise, per metric, first found first:
 
     1. a calibration of the champion's recipe in this store (``codemill calibrate``);
-    2. the noise shipped with a preset of the same recipe and suite configs;
-    3. none: the metrics are uncalibrated and get hold margins from the nearest measured preset.
+    2. the noise shipped with a preset of the same recipe and suite settings;
+    3. none: the metric is uncalibrated, with a hold margin from the nearest measured preset.
 
+    ``config_recipes``: the recipe keys that ``codemill calibrate`` of this run's config would measure (from
+    scratch, and from the champion); when the champion's is not among them the advice says so.
     Returns the gate task's ``calibration`` argument: ``metrics`` (noise.json's shape, possibly empty), ``uri``
-    (where the noise came from), ``source``, ``hold_margins`` and ``advice`` (the command that calibrates)."""
+    (where the noise came from), ``source``, ``hold_margins`` (of the uncalibrated metrics), ``hold_margins_from``
+    and ``advice`` (the command that calibrates)."""
     from codemill.evals import preset_noise as pn
 
     recipe = model_recipe(store, champion_digest)
     key = recipe_key(recipe) if recipe is not None else None
     presets = pn.load_preset_noise()
-    out: dict[str, Any] = {"source": "none", "uri": None, "metrics": {}, "recipe_key": key,
-                           "advice": calibrate_command(recipe)}
+    advice = calibrate_command(recipe)
+    if key and config_recipes and key not in config_recipes:
+        advice += " with the champion's config"
     found = find_calibration(store, key) if key else None
+    own = calibrated_metrics(found[1], evaluate_config) if found else {}
     shipped = pn.matching(presets, key, evaluate_config)
-    if found:
-        out |= {"source": "calibration", "uri": found[0].uri, "metrics": found[1]["metrics"]}
-    elif shipped:
-        out |= {"source": "preset", "uri": shipped[0].label,
-                "metrics": {k: v.as_dict() for k, v in shipped[1].items()}}
+    borrowed = {m: n.as_dict() for m, n in (shipped[1] if shipped else {}).items() if m not in own}
+    labels = ([found[0].uri] if found and own else []) + ([shipped[0].label] if shipped and borrowed else [])
+    source = "+".join(n for n, used in (("calibration", own), ("preset", borrowed)) if used) or "none"
     near = pn.nearest(presets, recipe["train"]["config"] if recipe else None)
-    out["hold_margins"] = pn.hold_margins(near, [m for m in metrics if m not in out["metrics"]])
-    out["hold_margins_from"] = near.preset if near else None
-    return out
+    calibrated = {**own, **borrowed}
+    return {"source": source, "uri": "; ".join(labels) or None, "metrics": calibrated, "recipe_key": key,
+            "advice": advice, "hold_margins": pn.hold_margins(near, [m for m in metrics if m not in calibrated],
+                                                               len(metrics)),
+            "hold_margins_from": near.preset if near else None}
 
 
 def mean_scores(per_seed: Sequence[Mapping[str, ItemScores]]) -> dict[str, ItemScores]:

@@ -69,7 +69,8 @@ def compare_models(reader: LineageReader, store: ArtifactStore, model_a: str, mo
     found = gate_noise(store, reader.model(model_b).tags.get(T.DIGEST), eval_config, common)
     noise = noise_of(found) if found["metrics"] else None
     verdict = gate(scores_a, scores_b, [GateMetric(name) for name in common], alpha, noise,
-                   found["uri"] if noise else None, found["hold_margins"], found["advice"])
+                   found["uri"] if noise else None, found["hold_margins"], found["advice"],
+                   margins_from=found["hold_margins_from"])
     return {"model_a": model_a, "model_b": model_b, "alpha": alpha, "verdict": verdict.verdict,
             "reason": verdict.reason, "calibrated": verdict.calibrated, "calibration": verdict.calibration,
             "evaluations": used, "metrics": verdict.as_dict()["metrics"]}

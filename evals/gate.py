@@ -45,7 +45,8 @@ class GateMetric:
 class MetricEvidence(PairedDifference):
     """The paired difference of one metric plus the two tests' p-values (flat, so it reads well as JSON).
 
-    ``se`` (and the CI) is the total SE the tests use: ``sqrt(se_item^2 + 2 seed_sd^2)``."""
+    ``se`` (and the CI) is the total SE the tests use: ``sqrt(se_item^2 + 2 seed_sd^2)`` for two single
+    trainings (``evals.noise.NoiseModel`` for a candidate that is the mean of several seeds)."""
 
     metric: str
     candidate: float
@@ -64,6 +65,8 @@ class MetricEvidence(PairedDifference):
     hold_margin: float = 0.0
     mde: float = 0.0  # smallest true improvement promoted with 80% power
     mde_worse: float = 0.0  # smallest true decline flagged as a regression with 80% power
+    candidate_seeds: int = 1  # models averaged into the candidate's value (train.seeds)
+    candidate_seed_sd: float | None = None  # their spread, when measured apart from the champion's seed SD
 
 
 @dataclass
@@ -104,7 +107,9 @@ def compare_metric(name: str, cand: ItemScores, champ: ItemScores, margin: float
                         champion=float(hv.sum() / cw.sum()), margin=margin, p_regression=p_reg, p_improvement=p_imp,
                         se_item=pd.se, seed_sd=nm.seed_var**0.5, n_seeds=nm.n_seeds,
                         df=None if math.isinf(df) else df, calibrated=nm.calibrated,
-                        hold_margin=nm.hold_margin, mde=mde_better, mde_worse=mde_worse)
+                        hold_margin=nm.hold_margin, mde=mde_better, mde_worse=mde_worse,
+                        candidate_seeds=candidate_seeds,
+                        candidate_seed_sd=None if nm.cand_var is None else nm.cand_var**0.5)
     if cand.binary:
         only_c, only_h, p = mcnemar_exact(cv > 0.5, hv > 0.5)
         ev.mcnemar = {"only_candidate_passed": only_c, "only_champion_passed": only_h, "p_two_sided": p}
@@ -115,14 +120,15 @@ def gate(candidate: dict[str, ItemScores], champion: dict[str, ItemScores], metr
          alpha: float = 0.05, noise: dict[str, SeedNoise] | None = None,
          calibration: str | None = None, hold_margins: dict[str, float] | None = None,
          advice: str = "codemill calibrate", run_noise: dict[str, SeedNoise] | None = None,
-         candidate_seeds: int = 1) -> GateVerdict:
+         candidate_seeds: int = 1, margins_from: str | None = None) -> GateVerdict:
     """``noise``: the champion config's between-seed noise per metric (None or a missing metric: uncalibrated,
     tested on the item SE alone with differences below the metric's hold margin counted as none).
     ``hold_margins``: the uncalibrated hold margin per metric (``evals.preset_noise.hold_margins``); a metric's
     own ``uncalibrated_margin`` wins, a metric in neither gets the floor of ``evals.noise``. ``advice``: the
     command that would calibrate the champion's config, named in the reason of an uncalibrated verdict.
     ``candidate_seeds`` > 1: ``candidate`` is the mean of that many seeds' scores and ``run_noise`` their
-    spread, pooled with ``noise`` (``evals.noise.noise_model``)."""
+    spread, each charged to its own training (``evals.noise.noise_model``). ``margins_from``: the preset whose
+    noise the hold margins were derived from, named in the reason."""
     missing = [m.name for m in metrics if m.name not in candidate or m.name not in champion]
     if missing:
         raise ValueError(f"metrics missing from an evaluation: {missing}")
@@ -142,9 +148,12 @@ def gate(candidate: dict[str, ItemScores], champion: dict[str, ItemScores], metr
     note = ""
     if uncalibrated:
         held = [e.metric for e in uncalibrated if abs(e.diff) <= e.hold_margin]
-        note = (f"; uncalibrated: needs `{advice}` (no seed noise for the champion's config on "
-                f"{[e.metric for e in uncalibrated]}), so differences below the hold margin count as none"
+        origin = f" (from preset {margins_from}'s seed noise)" if margins_from else ""
+        note = (f"; uncalibrated: needs `{advice}` (no seed noise for the champion's recipe on "
+                f"{[e.metric for e in uncalibrated]}), so differences below the hold margin{origin} count as none"
                 + (f" (held: {held})" if held else ""))
+    if candidate_seeds > 1:
+        note += f"; the candidate is the mean of {candidate_seeds} seeds' models"
     calibrated = not uncalibrated
     if worse:
         return GateVerdict("regression", alpha, f"worse than the champion by more than the margin on {worse}"
@@ -156,14 +165,18 @@ def gate(candidate: dict[str, ItemScores], champion: dict[str, ItemScores], metr
                        calibration)
 
 
+SE_FORMULA = ("SE = sqrt(SE item^2 + 2 x seed SD^2), or sqrt(SE item^2 + seed SD^2 + candidate seed SD^2 / N) "
+              "for a candidate that is the mean of N seeds")
+
+
 def noise_line(v: GateVerdict) -> str:
     """One sentence on where the gate's noise came from."""
     if v.calibrated:
         seeds = sorted({e.n_seeds for e in v.metrics})
         return (f"Noise: calibrated, between-seed variance from {'/'.join(map(str, seeds))} seeds"
-                f"{f' ({v.calibration})' if v.calibration else ''}; SE = sqrt(SE item^2 + 2 x seed SD^2).")
-    return ("Noise: **uncalibrated** (no `codemill calibrate` for the champion's config): SE is the item-level "
-            "SE alone, and a difference smaller than the hold margin counts as none.")
+                f"{f' ({v.calibration})' if v.calibration else ''}; {SE_FORMULA}.")
+    return ("Noise: **uncalibrated** (no seed noise for the champion's recipe): SE is the item-level SE alone, "
+            "and a difference smaller than the hold margin counts as none.")
 
 
 def markdown_report(v: GateVerdict, title: str) -> str:

@@ -9,7 +9,9 @@ gate always measured). For a candidate and a champion trained independently,
 
 and since ``s2`` is estimated from n seeds (n - 1 degrees of freedom), tests use Student's t with the
 Welch-Satterthwaite degrees of freedom ``(SE_item^2 + 2 s2)^2 / ((2 s2)^2 / (n - 1))`` (the item part has
-hundreds of items: its degrees of freedom are taken as infinite).
+hundreds of items: its degrees of freedom are taken as infinite). When the candidate is the mean of its own N
+seeds (``train.seeds``), its training contributes s2 / N, from its own seeds' spread when measured
+(``NoiseModel``): Var(diff) = SE_item^2 + s2_champion + s2_candidate / N.
 
 With no calibration for the champion's config the gate cannot know the seed noise; it then tests on the item
 SE alone but treats any difference smaller than a hold margin (``evals.preset_noise``: derived from the seed
@@ -93,18 +95,14 @@ def seed_noise(metric: str, values: Sequence[float], item_ses: Sequence[float] =
     return SeedNoise(metric, tuple(float(v) for v in values), rms)
 
 
-def combined_se(item_se: float, seed_var: float, seed_terms: float = 2.0) -> float:
-    """SE of the difference between two independently trained models: sqrt(SE_item^2 + 2 s2). When the
-    candidate is the mean of N seeds, its training contributes s2 / N: ``seed_terms`` = 1 + 1 / N."""
-    return math.sqrt(item_se**2 + seed_terms * seed_var)
+def combined_se(item_se: float, seed_var: float) -> float:
+    """SE of the difference between two independently trained models: sqrt(SE_item^2 + 2 s2)."""
+    return math.sqrt(item_se**2 + 2.0 * seed_var)
 
 
-def satterthwaite_df(item_se: float, seed_var: float, n_seeds: int, seed_terms: float = 2.0) -> float:
-    """Welch-Satterthwaite degrees of freedom of SE_item^2 + k s2 (item part: infinite; s2: n - 1)."""
-    if seed_var <= 0.0 or n_seeds < 2:
-        return math.inf
-    total = item_se**2 + seed_terms * seed_var
-    return total**2 / ((seed_terms * seed_var) ** 2 / (n_seeds - 1))
+def satterthwaite_df(item_se: float, seed_var: float, n_seeds: int) -> float:
+    """Welch-Satterthwaite degrees of freedom of SE_item^2 + 2 s2 (item part: infinite; s2: n - 1)."""
+    return welch_df(item_se, [(2.0 * seed_var, n_seeds - 1)])
 
 
 def t_quantile(p: float, df: float) -> float:
@@ -120,27 +118,51 @@ def t_sf(x: float, df: float) -> float:
     return float(st.norm.sf(x)) if math.isinf(df) else float(st.t.sf(x, df))
 
 
+def welch_df(item_se: float, parts: Sequence[tuple[float, int]]) -> float:
+    """Welch-Satterthwaite degrees of freedom of SE_item^2 + sum(v): each ``(v, df)`` is an estimated variance
+    term with its degrees of freedom (the item part: infinite)."""
+    parts = [(v, d) for v, d in parts if v > 0.0 and d > 0]
+    if not parts:
+        return math.inf
+    total = item_se**2 + sum(v for v, _ in parts)
+    return total**2 / sum(v**2 / d for v, d in parts)
+
+
 @dataclass(frozen=True)
 class NoiseModel:
-    """What the gate uses for one metric: both SE components, the degrees of freedom, the hold margin."""
+    """What the gate uses for one metric: the SE components, the degrees of freedom, the hold margin.
+
+    ``seed_var`` is the champion's recipe's seed variance (its calibration, else the candidate's own seeds), from
+    ``n_seeds`` seeds. The candidate contributes ``cand_var / candidate_seeds`` when its seeds were measured
+    apart (``cand_var``, from ``cand_n`` seeds), else ``seed_var / candidate_seeds``."""
 
     item_se: float
     seed_var: float
-    n_seeds: int  # seeds behind seed_var: its degrees of freedom + 1 (pooled estimates add theirs)
+    n_seeds: int
     hold_margin: float  # differences with |diff| below this are a hold (uncalibrated only; 0 when calibrated)
-    seed_terms: float = 2.0  # 1 (the champion's training) + 1 / the candidate's seeds
+    cand_var: float | None = None
+    cand_n: int = 0
+    candidate_seeds: int = 1  # models averaged into the candidate's scores
 
     @property
     def calibrated(self) -> bool:
         return self.n_seeds >= 2
 
+    def parts(self) -> list[tuple[float, int]]:
+        """(variance added to the comparison, its degrees of freedom) of each estimated seed term."""
+        if not self.calibrated:
+            return []
+        if self.cand_var is None:  # one estimate counted for both trainings: fully correlated, one df
+            return [((1.0 + 1.0 / self.candidate_seeds) * self.seed_var, self.n_seeds - 1)]
+        return [(self.seed_var, self.n_seeds - 1), (self.cand_var / self.candidate_seeds, self.cand_n - 1)]
+
     @property
     def se(self) -> float:
-        return combined_se(self.item_se, self.seed_var, self.seed_terms)
+        return math.sqrt(self.item_se**2 + sum(v for v, _ in self.parts()))
 
     @property
     def df(self) -> float:
-        return satterthwaite_df(self.item_se, self.seed_var, self.n_seeds, self.seed_terms)
+        return welch_df(self.item_se, self.parts())
 
 
 def noise_model(metric: str, item_se: float, noise: SeedNoise | None,
@@ -148,16 +170,20 @@ def noise_model(metric: str, item_se: float, noise: SeedNoise | None,
                 candidate_seeds: int = 1) -> NoiseModel:
     """The calibrated noise of a metric, or the item SE plus the uncalibrated hold margin.
 
-    ``noise``: the champion's calibration; ``run_noise``: the spread of the candidate's own seeds (``train.seeds``)
-    whose mean is compared. Both measure the seed variance of (assumed) one recipe, so they are pooled: the
-    variance weighted by degrees of freedom, which add up."""
-    terms = 1.0 + 1.0 / candidate_seeds
-    found = [n for n in (noise, run_noise) if n is not None and n.n_seeds >= 2]
-    if found:
-        df = sum(n.n_seeds - 1 for n in found)
-        return NoiseModel(item_se, sum((n.n_seeds - 1) * n.seed_var for n in found) / df, df + 1, 0.0, terms)
+    ``noise``: the champion's calibration (its recipe's seed variance); ``run_noise``: the spread of the
+    candidate's own ``candidate_seeds`` seeds (``train.seeds``), whose mean is compared. With both, each
+    training is charged its own recipe's variance, SE^2 = SE_item^2 + s_champion^2 + s_candidate^2 / N (the
+    candidate may be a different recipe); with one, it stands for both."""
+    have = noise if noise is not None and noise.n_seeds >= 2 else None
+    run = run_noise if run_noise is not None and run_noise.n_seeds >= 2 else None
+    if have and run:
+        return NoiseModel(item_se, have.seed_var, have.n_seeds, 0.0, run.seed_var, run.n_seeds, candidate_seeds)
+    if have or run:
+        one = have or run
+        assert one is not None
+        return NoiseModel(item_se, one.seed_var, one.n_seeds, 0.0, candidate_seeds=candidate_seeds)
     margin = uncalibrated_margin(metric) if default_margin is None else default_margin
-    return NoiseModel(item_se, 0.0, 0, margin, terms)
+    return NoiseModel(item_se, 0.0, 0, margin, candidate_seeds=candidate_seeds)
 
 
 def one_sided_pvalues(diff: float, se: float, df: float, margin: float) -> tuple[float, float]:

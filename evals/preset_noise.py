@@ -12,8 +12,10 @@ The gate reads it in two ways:
   with the preset's suite configs is **calibrated** by the shipped noise when the store has no calibration of
   its own;
 - a champion of any other recipe, never calibrated, gets a **hold margin** per metric derived from the nearest
-  measured preset, scaled so that a seed-only retrain crosses it in under 2.5% of runs even when the measured
-  seed SD is an underestimate (``safe_hold_margin``), and never below the floors of ``evals.noise``.
+  measured preset, scaled so that a seed-only retrain of that preset crosses one of the gate's margins in at
+  most 2.5% of runs even when the measured seed SD is an underestimate (``safe_hold_margin``), and never below
+  the floors of ``evals.noise``. For another recipe that is an assumption: its noise resembles the nearest
+  preset's.
 
 No Prefect, no MLflow.
 """
@@ -34,7 +36,7 @@ NOISE_SUFFIX = ".noise.json"
 # Which suite's rows a gate metric is scored from.
 SUITE_OF_METRIC: dict[str, str] = {"val_bpb": "bpb", "completion_exact_match": "completion",
                                    "completion_edit_similarity": "completion", "humaneval_pass_at_1": "humaneval"}
-FALSE_PROMOTION_RATE = 0.025  # a seed-only retrain exceeds the hold margin in at most this share of runs ...
+FALSE_PROMOTION_RATE = 0.025  # a seed-only retrain exceeds one of the hold margins in at most this share of runs
 SD_CONFIDENCE = 0.95  # ... even when the true seed SD is at the upper end of this confidence interval
 
 
@@ -94,16 +96,17 @@ def load_preset_noise() -> list[PresetNoise]:
 
 def matching(presets: list[PresetNoise], recipe_key: str | None,
              evaluate_config: Mapping[str, Any]) -> tuple[PresetNoise, dict[str, SeedNoise]] | None:
-    """The measured preset trained with this recipe, and those of its metrics whose suite was configured as it
-    was measured (a changed suite config changes the items, so its noise no longer applies)."""
+    """A measured preset trained with this recipe, and those of its metrics whose suite is configured as it was
+    measured (other suite settings score other items, whose noise this is not)."""
     if recipe_key is None:
         return None
+    now = suite_digests(evaluate_config)
     for p in presets:
         if p.metrics and p.recipe_key == recipe_key:
-            now = suite_digests(evaluate_config)
-            same = {m: n for m, n in p.metrics.items()
-                    if now.get(SUITE_OF_METRIC.get(m, "")) == p.suite_digests.get(SUITE_OF_METRIC.get(m, ""))}
-            return (p, same) if same else None
+            same = {m: n for m, n in p.metrics.items() if (suite := SUITE_OF_METRIC.get(m)) is not None
+                    and now.get(suite) == p.suite_digests.get(suite)}
+            if same:
+                return p, same
     return None
 
 
@@ -133,26 +136,28 @@ def nearest(presets: list[PresetNoise], train: Mapping[str, Any] | None) -> Pres
     return min(measured, key=lambda p: (distance(p.train, train), p.preset))
 
 
-def safe_hold_margin(noise: SeedNoise, false_rate: float = FALSE_PROMOTION_RATE,
+def safe_hold_margin(noise: SeedNoise, n_metrics: int = 1, false_rate: float = FALSE_PROMOTION_RATE,
                      confidence: float = SD_CONFIDENCE) -> float:
-    """z(1 - false_rate) x sqrt(2) x the upper ``confidence`` bound of the seed SD (chi-square, n - 1 df): the
-    difference of two seeds' metrics, N(0, 2 s^2), exceeds it in at most ``false_rate`` of retrains unless the
-    seed SD is above its upper bound."""
+    """z(1 - false_rate / n_metrics) x sqrt(2) x the upper ``confidence`` bound of the seed SD (chi-square,
+    n - 1 df). The difference of two seeds' metrics, N(0, 2 s^2), exceeds it in at most ``false_rate`` /
+    ``n_metrics`` of retrains, so a seed-only retrain crosses one of ``n_metrics`` margins in at most
+    ``false_rate`` of runs (Bonferroni), unless the seed SD is above its upper bound."""
     from scipy import stats as st
 
     n = noise.n_seeds
     if n < 2:
         raise ValueError(f"{noise.metric}: a hold margin needs a seed SD from at least 2 seeds")
     sd_upper = noise.seed_sd * math.sqrt((n - 1) / float(st.chi2.ppf(1.0 - confidence, n - 1)))
-    return float(st.norm.ppf(1.0 - false_rate)) * math.sqrt(2.0) * sd_upper
+    return float(st.norm.ppf(1.0 - false_rate / max(1, n_metrics))) * math.sqrt(2.0) * sd_upper
 
 
-def hold_margins(preset: PresetNoise | None, metrics: list[str]) -> dict[str, float]:
-    """The uncalibrated hold margin of each metric: the safe margin from ``preset``'s measurement, never below
-    the metric's floor in ``evals.noise``."""
+def hold_margins(preset: PresetNoise | None, metrics: list[str], n_metrics: int | None = None) -> dict[str, float]:
+    """The uncalibrated hold margin of each metric of a gate of ``n_metrics`` (default: len(metrics)): the safe
+    margin from ``preset``'s measurement, never below the metric's floor in ``evals.noise``."""
     out = {}
     for m in metrics:
         floor = uncalibrated_margin(m)
         measured = preset.metrics.get(m) if preset else None
-        out[m] = max(floor, safe_hold_margin(measured)) if measured and measured.n_seeds >= 2 else floor
+        out[m] = (max(floor, safe_hold_margin(measured, n_metrics or len(metrics)))
+                  if measured and measured.n_seeds >= 2 else floor)
     return out

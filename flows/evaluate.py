@@ -11,10 +11,10 @@ from prefect.runtime import flow_run
 
 from codemill import tags as T
 from codemill.config import PipelineConfig
-from codemill.evals.calibration import gate_noise
+from codemill.evals.calibration import gate_noise, recipe_key
 from codemill.flows.common import eval_results, execute, flow_result, flow_run_url, open_flow_run
 from codemill.flows.hooks import record_failure_on_mlflow
-from codemill.flows.plan import plan_evaluations
+from codemill.flows.plan import config_recipe, plan_evaluations
 from codemill.lineage import Registry
 from codemill.store import MANIFEST, ArtifactRef, ArtifactStore, Manifest
 from codemill.tasks.common import RunContext, StageResult
@@ -45,6 +45,14 @@ def evaluate_resolved(ctx: RunContext, store: ArtifactStore, config: PipelineCon
     return eval_results(execute(steps, ctx, store))
 
 
+def calibratable(config: PipelineConfig, champion_dir: str) -> list[str]:
+    """The recipe keys ``codemill calibrate`` can measure with this config: as it is, from scratch (the nightly
+    flow sets ``init_from`` at run time) and ``--from-champion``."""
+    train = config.train
+    return [recipe_key(config_recipe(config.model_copy(update={"train": train.model_copy(update=u)})))
+            for u in ({}, {"init_from": None}, {"init_from": champion_dir})]
+
+
 def gate_against_champion(ctx: RunContext, store: ArtifactStore, config: PipelineConfig, model: ResolvedModel,
                           corpus: ArtifactRef | None, evals: dict[str, StageResult],
                           seed_evals: dict[int, dict[str, StageResult]] | None = None) -> dict[str, Any] | None:
@@ -61,7 +69,7 @@ def gate_against_champion(ctx: RunContext, store: ArtifactStore, config: Pipelin
         champ_model = resolve_model(ctx, champion[T.MODEL_ID])
         champion_evals = evaluate_resolved(ctx, store, config, champ_model, corpus)
         calibration = gate_noise(store, champ_model.ref.digest, config.evaluate.digest_config(),
-                                 [m.name for m in config.gate.metrics])
+                                 [m.name for m in config.gate.metrics], calibratable(config, champ_model.hf_dir))
     return gate_task(ctx=ctx, cfg=config.gate, registered_model=name, candidate=model, candidate_evals=evals,
                      champion=champion, champion_evals=champion_evals, calibration=calibration,
                      candidate_seed_evals=seed_evals)

@@ -9,6 +9,7 @@ from typing import Any
 from prefect import get_run_logger
 
 from codemill.evals import calibration as cal
+from codemill.evals import preset_noise as pn
 from codemill.evals import suites
 from codemill.lineage import Lineage
 from codemill.plan import StagePlan
@@ -43,17 +44,21 @@ def calibrate_task(plan: StagePlan, ctx: RunContext, registered_model: str,
         import polars as pl
 
         per_seed = []
+        suite_digests: dict[str, str] = {}
         for seed in plan.config["seeds"]:
             scores: dict[str, Any] = {}
             for name, ref in plan.inputs.items():
                 if name.startswith(f"seed{seed}."):
                     rows = pl.read_parquet(store.local_path(ref) / suites.rows_file(ref.name))
                     scores |= suites.item_scores(ref.name, rows)
+                    suite_cfg = store.read_manifest(ref).config  # {"suite": its settings, "seed": the eval seed}
+                    suite_digests[ref.name] = pn.suite_digest({ref.name: suite_cfg["suite"],
+                                                               "seed": suite_cfg["seed"]}, ref.name)
             per_seed.append(scores)
         noise = cal.calibrate(per_seed)
         seeds = [{"seed": s, **models.get(s, {})} for s in plan.config["seeds"]]
-        payload = {"config_key": plan.config["config_key"], "recipe_key": key, "seeds": seeds,
-                   "metrics": {k: v.as_dict() for k, v in noise.items()}}
+        payload = {"config_key": plan.config["config_key"], "recipe_key": key, "suite_digests": suite_digests,
+                   "seeds": seeds, "metrics": {k: v.as_dict() for k, v in noise.items()}}
         w.path(cal.NOISE_FILE).write_text(json.dumps(payload, indent=2))
         for name, n in noise.items():
             logger.info("calibrate %s: %d seeds, seed SD %.4f, item SE %.4f", name, n.n_seeds, n.seed_sd, n.item_se)

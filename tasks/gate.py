@@ -54,7 +54,7 @@ def gate_task(ctx: RunContext, cfg: GateConfig, registered_model: str, candidate
         champ = _scores(ctx, champion_evals or {})
         per_seed = [_scores(ctx, e) for e in (candidate_seed_evals or {0: candidate_evals}).values()]
         cand = per_seed[0] if len(per_seed) == 1 else cal_.mean_scores(per_seed)
-        run_noise = cal_.calibrate(per_seed) if len(per_seed) > 1 else None
+        run_noise = cal_.spread(per_seed) if len(per_seed) > 1 else None
         metrics = [GateMetric(m.name, m.margin, m.uncalibrated_margin) for m in cfg.metrics
                    if m.name in cand and m.name in champ]
         if not metrics:
@@ -63,7 +63,8 @@ def gate_task(ctx: RunContext, cfg: GateConfig, registered_model: str, candidate
         cal = calibration or {}
         noise = noise_of(cal) if cal.get("metrics") else None
         verdict = gate(cand, champ, metrics, cfg.alpha, noise, cal.get("uri") if noise else None,
-                       cal.get("hold_margins"), cal.get("advice", "codemill calibrate"), run_noise, len(per_seed))
+                       cal.get("hold_margins"), cal.get("advice", "codemill calibrate"), run_noise, len(per_seed),
+                       cal.get("hold_margins_from"))
         result = verdict.as_dict()
         version = registry.promote(candidate.model_id, model_tags(candidate)) if verdict.verdict == "promote" \
             else champion["version"]

@@ -50,7 +50,7 @@ def test_run_summary_fits_80_columns():
     lines = summary_lines(out, 12.0)
     assert max(map(len, lines)) <= 80, "\n".join(lines)
     text = "\n".join(lines)
-    assert "eval:completion ran" in text and "12.3" in text and "completion-abababababab" in text
+    assert "eval:completion     ran" in text and "12.3" in text and "completion-abababababab" in text
     assert "seed SD 0.0053 (5 seeds)" in text and "MDE (80% power) better 0.0456" in text
 
 

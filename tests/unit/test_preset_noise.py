@@ -4,6 +4,7 @@ a candidate's own seeds, and that every shipped measurement still describes its 
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -39,16 +40,27 @@ def _chain(seed: int = 1, init_from: str | None = None, steps: int = 10, base: s
                       inputs={"tokens": ref("tokenize", "t" + fingerprint)})]
 
 
-def test_recipe_leaves_out_seed_starting_weights_and_data_content_only():
+def test_recipe_leaves_out_seed_starting_weights_and_data_content_only(tmp_path):
     key = recipe_key(recipe_of_plans(_chain()))
     assert key == recipe_key(recipe_of_plans(_chain(seed=7)))
     assert key == recipe_key(recipe_of_plans(_chain(fingerprint="grown-corpus")))
     assert key != recipe_key(recipe_of_plans(_chain(steps=11)))
-    fine_a = recipe_of_plans(_chain(init_from="/store/train/model-a/hf", base="/store/train/model-a/hf"))
-    fine_b = recipe_of_plans(_chain(seed=3, init_from="/store/train/model-b/hf", base="/store/train/model-b/hf"))
-    assert fine_a["fine_tune"] and recipe_key(fine_a) == recipe_key(fine_b)  # tonight's champion vs tomorrow's
-    assert recipe_key(fine_a) != key  # a fine-tune is not a scratch training
-    assert calibrate_command(fine_a) == "codemill calibrate --seeds 5 --from-champion"
+    arch = {"model_type": "llama", "hidden_size": 128, "num_hidden_layers": 4, "vocab_size": 4096}
+    folders = {}
+    for name, hidden in (("tonight", 128), ("tomorrow", 128), ("bigger", 512)):
+        folders[name] = tmp_path / name
+        folders[name].mkdir()
+        (folders[name] / "config.json").write_text(json.dumps({**arch, "hidden_size": hidden, "name_or_path": name}))
+
+    def fine(name: str, seed: int = 1) -> dict:
+        return recipe_of_plans(_chain(seed=seed, init_from=str(folders[name]), base=str(folders[name])))
+
+    assert fine("tonight")["start"] == {**arch, "hidden_size": 128}
+    assert recipe_key(fine("tonight")) == recipe_key(fine("tomorrow", seed=3))  # a new champion, same recipe
+    assert recipe_key(fine("tonight")) != recipe_key(fine("bigger"))  # other kind of starting weights
+    assert recipe_key(fine("tonight")) != key  # a fine-tune is not a scratch training
+    assert recipe_of_plans(_chain(init_from="org/base-model"))["start"] == {"name": "org/base-model"}
+    assert calibrate_command(fine("tonight")) == "codemill calibrate --seeds 5 --from-champion"
     assert calibrate_command(None) == "codemill calibrate --seeds 5"
     with pytest.raises(ValueError, match="missing"):
         recipe_of_plans(_chain()[1:])
@@ -82,9 +94,14 @@ def test_hold_margins_come_from_the_nearest_measured_preset_and_never_go_below_t
     assert pn.nearest(presets, None) is small  # unknown config: the noisiest measurement
     assert pn.nearest([unmeasured], {}) is None
     margins = pn.hold_margins(small, ["val_bpb", "humaneval_pass_at_1"])
-    assert margins["val_bpb"] == pytest.approx(pn.safe_hold_margin(small.metrics["val_bpb"]))
+    assert margins["val_bpb"] == pytest.approx(pn.safe_hold_margin(small.metrics["val_bpb"], n_metrics=2))
+    # Bonferroni over the gate's metrics: two margins are each wider than one would be
+    assert pn.safe_hold_margin(small.metrics["val_bpb"], 2) / pn.safe_hold_margin(small.metrics["val_bpb"]) \
+        == pytest.approx(stats.norm.ppf(1 - 0.025 / 2) / stats.norm.ppf(0.975))
     assert margins["humaneval_pass_at_1"] == UNCALIBRATED_MARGINS["humaneval_pass_at_1"]  # not measured: floor
     assert pn.hold_margins(big, ["val_bpb"])["val_bpb"] == UNCALIBRATED_MARGINS["val_bpb"]  # quiet: floor
+    assert pn.hold_margins(small, ["val_bpb"], n_metrics=3)["val_bpb"] == pytest.approx(
+        pn.safe_hold_margin(small.metrics["val_bpb"], 3))
     assert pn.hold_margins(None, ["val_bpb"]) == {"val_bpb": UNCALIBRATED_MARGINS["val_bpb"]}
 
 
@@ -116,17 +133,26 @@ def test_candidate_seeds_are_averaged_and_their_spread_pooled_with_the_calibrati
     assert np.allclose(again.values, mean.values)
     run = calibrate(per_seed)["val_bpb"]
     shipped = seed_noise("val_bpb", [2.3, 2.4, 2.5, 2.35, 2.45])
-    pooled = noise_model("val_bpb", 0.01, shipped, run_noise=run, candidate_seeds=3)
-    assert pooled.n_seeds == 7  # (5 - 1) + (3 - 1) degrees of freedom, + 1
-    assert pooled.seed_var == pytest.approx((4 * shipped.seed_var + 2 * run.seed_var) / 6)
-    assert pooled.se == pytest.approx(math.sqrt(0.01**2 + (1 + 1 / 3) * pooled.seed_var))
-    alone = noise_model("val_bpb", 0.01, None, run_noise=run, candidate_seeds=3)
+    # the champion's training is charged its calibration's variance, the candidate's mean its own spread / 3
+    both = noise_model("val_bpb", 0.01, shipped, run_noise=run, candidate_seeds=3)
+    parts = [shipped.seed_var, run.seed_var / 3]
+    assert both.se == pytest.approx(math.sqrt(0.01**2 + sum(parts)))
+    assert both.df == pytest.approx((0.01**2 + sum(parts)) ** 2 / (parts[0] ** 2 / 4 + parts[1] ** 2 / 2))
+    assert both.n_seeds == 5 and both.cand_n == 3
+    alone = noise_model("val_bpb", 0.01, None, run_noise=run, candidate_seeds=3)  # its spread stands for both
     assert alone.calibrated and alone.n_seeds == 3 and alone.hold_margin == 0.0
+    assert alone.se == pytest.approx(math.sqrt(0.01**2 + (1 + 1 / 3) * run.seed_var))
+    assert alone.df == pytest.approx((0.01**2 + 4 / 3 * run.seed_var) ** 2 / ((4 / 3 * run.seed_var) ** 2 / 2))
     champion = _scores(0.0, seed=9)
     v = gate(mean_scores(per_seed), champion, [GateMetric("val_bpb", 0.01)], run_noise={"val_bpb": run},
              candidate_seeds=3)
     (e,) = v.metrics
-    assert v.calibrated and e.n_seeds == 3 and e.se == pytest.approx(math.sqrt(e.se_item**2 + 4 / 3 * run.seed_var))
+    assert v.calibrated and e.n_seeds == 3 and e.candidate_seeds == 3 and e.candidate_seed_sd is None
+    assert e.se == pytest.approx(math.sqrt(e.se_item**2 + 4 / 3 * run.seed_var))
+    (e2,) = gate(mean_scores(per_seed), champion, [GateMetric("val_bpb", 0.01)], noise={"val_bpb": shipped},
+                 run_noise={"val_bpb": run}, candidate_seeds=3).metrics
+    assert e2.n_seeds == 5 and e2.candidate_seed_sd == pytest.approx(run.seed_sd)
+    assert e2.seed_sd == pytest.approx(shipped.seed_sd)
 
 
 def test_an_uncalibrated_verdict_names_the_command_that_calibrates():
