@@ -21,7 +21,9 @@ Each candidate is judged by four gates on the same eval rows:
 
 It counts false promotions and false regressions of the seed-only candidates against the champion, and over
 every (calibration seed, candidate) pair (pairs share models, so their CI is optimistic), with exact binomial
-95% CIs, and reports the seed SD per metric at the preset's steps and at ``--also-steps``.
+95% CIs, and reports the seed SD per metric at the preset's steps and at ``--also-steps``. It also judges the
+candidates in groups of ``--seeds-in-run``, as ``train.seeds`` would: the mean of each group, with its spread.
+The champion's own training is one of the shipped measurement's seeds, as it is for a user of the preset.
 
     python -m benchmarks.calibration [--preset tiny] [--candidates 10] [--also-steps 50] [--out results.json]
 """
@@ -82,6 +84,22 @@ def verdicts(cand: dict, champ: dict, cfg: Any, kinds: dict[str, dict[str, Any]]
     return out
 
 
+def seeds_in_run(cfg: Any, candidates: dict[int, dict], champion: dict, kinds: dict[str, dict[str, Any]],
+                 n: int) -> list[dict[str, Any]]:
+    """``train.seeds: n``: the seed-only candidates in groups of n, each group's mean gated with its spread
+    (before: the mean on the item SE alone)."""
+    from codemill.evals.calibration import mean_scores, spread
+
+    seeds = sorted(candidates)
+    out = []
+    for i in range(0, len(seeds) - n + 1, n):
+        group = [candidates[s] for s in seeds[i:i + n]]
+        run = {"run_noise": spread(group), "candidate_seeds": n}
+        with_run = {k: (v if k == "before" else {**v, **run}) for k, v in kinds.items()}
+        out.append({"candidates": seeds[i:i + n], **verdicts(mean_scores(group), champion, cfg, with_run)})
+    return out
+
+
 def rates(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     out = {}
     for kind in GATES:
@@ -111,6 +129,7 @@ def main() -> None:
     p.add_argument("--better", type=float, default=2.0, help="training steps of the improved candidate, x")
     p.add_argument("--worse", type=float, default=1 / 3, help="training steps of the degraded candidate, x")
     p.add_argument("--also-steps", type=int, nargs="*", default=[50], help="also report the seed SD at these steps")
+    p.add_argument("--seeds-in-run", type=int, default=3, help="train.seeds of the mean-of-seeds candidates")
     p.add_argument("--work", default=".codemill/bench-noise")
     p.add_argument("--out", default=None, help="write the results as JSON here")
     args = p.parse_args()
@@ -149,6 +168,10 @@ def main() -> None:
     for label, r in real.items():
         print(f"{label:<34}" + "".join(f"{r[k]['verdict']:>14}" for k in GATES)
               + f"   {r['before']['metrics']['val_bpb']['diff']:+.4f}")
+    seeded = seeds_in_run(cfg, candidates, champion, kinds, args.seeds_in_run)
+    for r in seeded:
+        print(f"{'mean of seeds ' + str(r['candidates']):<34}" + "".join(f"{r[k]['verdict']:>14}" for k in GATES)
+              + f"   {r['default']['metrics']['val_bpb']['diff']:+.4f}")
     print("\nhold margins (uncalibrated): " + ", ".join(f"{m} {v:.3f}" for m, v in
                                                       kinds["uncalibrated"]["hold_margins"].items()))
     table, pair_table = rates(vs_champion), rates(pairs)
@@ -160,7 +183,8 @@ def main() -> None:
             "preset": args.preset, "steps": steps,
             "seed_noise": {st: {k: v.as_dict() for k, v in n.items()} for st, n in noise.items()},
             "hold_margins": kinds["uncalibrated"]["hold_margins"], "vs_champion": vs_champion,
-            "rates_vs_champion": table, "rates_all_pairs": pair_table, "real_changes": real}, indent=2, default=str))
+            "rates_vs_champion": table, "rates_all_pairs": pair_table, "real_changes": real,
+            "seeds_in_run": seeded}, indent=2, default=str))
 
 
 if __name__ == "__main__":

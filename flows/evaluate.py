@@ -12,6 +12,7 @@ from prefect.runtime import flow_run
 from codemill import tags as T
 from codemill.config import PipelineConfig
 from codemill.evals.calibration import gate_noise, recipe_key
+from codemill.evals.preset_noise import SUITE_OF_METRIC
 from codemill.flows.common import eval_results, execute, flow_result, flow_run_url, open_flow_run
 from codemill.flows.hooks import record_failure_on_mlflow
 from codemill.flows.plan import config_recipe, plan_evaluations
@@ -68,8 +69,10 @@ def gate_against_champion(ctx: RunContext, store: ArtifactStore, config: Pipelin
     if champion and champion.get(T.MODEL_ID) != model.model_id:
         champ_model = resolve_model(ctx, champion[T.MODEL_ID])
         champion_evals = evaluate_resolved(ctx, store, config, champ_model, corpus)
-        calibration = gate_noise(store, champ_model.ref.digest, config.evaluate.digest_config(),
-                                 [m.name for m in config.gate.metrics], calibratable(config, champ_model.hf_dir))
+        gated = [m.name for m in config.gate.metrics if SUITE_OF_METRIC.get(m.name, "") in evals
+                 or m.name not in SUITE_OF_METRIC]  # the metrics of suites that ran
+        calibration = gate_noise(store, champ_model.ref.digest, config.evaluate.digest_config(), gated,
+                                 calibratable(config, champ_model.hf_dir))
     return gate_task(ctx=ctx, cfg=config.gate, registered_model=name, candidate=model, candidate_evals=evals,
                      champion=champion, champion_evals=champion_evals, calibration=calibration,
                      candidate_seed_evals=seed_evals)
