@@ -181,7 +181,7 @@ def run(config: ConfigOpt = None, source: SourceOpt = None, preset: PresetOpt = 
 @app.command()
 def calibrate(config: ConfigOpt = None, source: SourceOpt = None, preset: PresetOpt = None, store: StoreOpt = None,
               seeds: Annotated[int, typer.Option(min=2, help="Seeds in the calibration; trainings of this config "
-                                                            "already in the store count.")] = 5,
+                                                            "already in the store count.")] = 10,
               from_champion: Annotated[bool, typer.Option(
                   "--from-champion", help="Fine-tune every seed from the champion, as nightly does: calibrates "
                                           "the nightly chain (it stays calibrated as the champion changes).")] = False,

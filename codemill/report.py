@@ -131,7 +131,7 @@ def summary_lines(out: Mapping[str, Any], wall_s: float) -> list[str]:
         for m in g.get("metrics") or []:
             lines += metric_lines(m)
         if g.get("metrics") and not g.get("calibrated"):
-            lines += textwrap.wrap(calibrate_advice(g.get("calibrate_advice", "codemill calibrate --seeds 5"),
+            lines += textwrap.wrap(calibrate_advice(g.get("calibrate_advice", "codemill calibrate --seeds 10"),
                                                     out["stages"]), LOG_WIDTH, subsequent_indent="  ")
     return lines
 
@@ -141,12 +141,12 @@ def calibrate_advice(command: str, stages: Mapping[str, Any]) -> str:
     run's training and evaluations cost (when they ran here)."""
     import re
 
-    seeds = int(m.group(1)) if (m := re.search(r"--seeds (\d+)", command)) else 5
+    seeds = int(m.group(1)) if (m := re.search(r"--seeds (\d+)", command)) else 10
     ran = {k: st for k, st in stages.items() if k == "train" or k.startswith("eval:")}
     walls = [float(w) for st in ran.values() if st.get("status") == "ran"
              and (w := (st.get("cost") or {}).get("wall_s")) is not None]
     cost = (f"about {max(1, round(seeds * sum(walls) / 60))} min here" if "train" in ran and len(walls) == len(ran)
-            else f"{seeds} trainings + evals")
+            else f"{seeds} x train + eval")
     return f"to calibrate: {command} ({cost})"
 
 

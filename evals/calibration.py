@@ -215,7 +215,7 @@ def model_recipe(store: ArtifactStore, model_digest: str | None) -> dict[str, An
     return recipe_of_model(store, m) if m is not None else None
 
 
-def calibrate_command(recipe: Mapping[str, Any] | None, seeds: int = 5) -> str:
+def calibrate_command(recipe: Mapping[str, Any] | None, seeds: int = 10) -> str:
     """The command that calibrates a champion of this recipe: a fine-tuned one is calibrated by fine-tuning
     seeds from the champion (the nightly chain), a scratch one by training seeds of its config."""
     return f"codemill calibrate --seeds {seeds}" + (" --from-champion" if recipe and recipe.get("start") else "")

@@ -98,7 +98,9 @@ def test_a_calibration_of_the_nightly_recipe_survives_a_new_champion_and_seeds_i
     assert night1["stages"]["train"]["ref"]["digest"] == cal["models"][1234]["digest"]
     g1 = night1["gate"]
     assert not g1["calibrated"] and g1["noise_source"] == "none", g1  # the champion is a 2-step scratch model
-    assert "`codemill calibrate --seeds 5`" in g1["reason"]
+    # the champion was trained with 2 steps, this config trains 10: calibrating this config would not help
+    assert "`codemill calibrate --seeds 10 with the champion's config`" in g1["reason"], g1["reason"]
+    assert "hold margin (from preset tiny's seed noise)" in g1["reason"]
     assert g1["verdict"] == "promote", g1  # 12 steps beat 2 by far more than any hold margin
 
     night2 = nightly(config=cfg)  # from a new champion: other starting weights, same recipe
@@ -117,4 +119,9 @@ def test_a_calibration_of_the_nightly_recipe_survives_a_new_champion_and_seeds_i
     assert out["gate"]["candidate_seeds"] == [2000, 2001, 2002]
     assert out["model_id"] == out["stages"]["train"]["model_id"]  # the seed the config names is the candidate
     bpb = _bpb(out)
-    assert out["gate"]["calibrated"] and bpb["n_seeds"] == 4  # (3 - 1) + (2 - 1) pooled degrees of freedom, + 1
+    # the champion (a fine-tune) is charged its calibration's 2 seeds, the candidate's mean its own 3 seeds' spread
+    assert out["gate"]["calibrated"] and bpb["n_seeds"] == 2 and bpb["candidate_seeds"] == 3
+    assert bpb["candidate_seed_sd"] is not None and bpb["candidate_seed_sd"] > 0
+    assert bpb["se"] == pytest.approx((bpb["se_item"] ** 2 + bpb["seed_sd"] ** 2 + bpb["candidate_seed_sd"] ** 2 / 3)
+                                      ** 0.5)
+    assert "the candidate is the mean of 3 seeds' models" in out["gate"]["reason"]

@@ -65,15 +65,15 @@ def test_an_uncalibrated_summary_says_what_to_run_and_how_long_it_takes():
               "n_items": 80, "n_clusters": 20}
     gate = {"verdict": "hold", "reason": "uncalibrated", "registered_model": "m", "alias": "champion",
             "champion_version": "1", "metrics": [metric], "calibrated": False,
-            "calibrate_advice": "codemill calibrate --seeds 5 --from-champion"}
+            "calibrate_advice": "codemill calibrate --seeds 10 --from-champion"}
     out = {"stages": {"train": stage("ran", 70.0), "eval:bpb": stage("ran", 20.0)}, "scores": {}, "gate": gate}
     lines = summary_lines(out, 90.0)
     text = " ".join(" ".join(lines).split())  # wrapped lines joined back
     assert max(map(len, lines)) <= 80
-    assert "to calibrate: codemill calibrate --seeds 5 --from-champion (about 8 min here)" in lines, lines
+    assert "to calibrate: codemill calibrate --seeds 10 --from-champion (about 15 min here)" in lines, lines
     assert "uncalibrated (hold below 0.45)" in text
     cached = {**out, "stages": {"train": stage("cached", 0.0), "eval:bpb": stage("ran", 20.0)}}
-    assert "to calibrate: codemill calibrate --seeds 5 --from-champion (5 trainings + evals)" in \
+    assert "to calibrate: codemill calibrate --seeds 10 --from-champion (10 x train + eval)" in \
         summary_lines(cached, 1.0)
     calibrated = {**out, "gate": {**gate, "calibrated": True, "metrics": [{**metric, "calibrated": True}]}}
     assert not any(line.startswith("to calibrate") for line in summary_lines(calibrated, 1.0))

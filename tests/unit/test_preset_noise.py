@@ -60,8 +60,8 @@ def test_recipe_leaves_out_seed_starting_weights_and_data_content_only(tmp_path)
     assert recipe_key(fine("tonight")) != recipe_key(fine("bigger"))  # other kind of starting weights
     assert recipe_key(fine("tonight")) != key  # a fine-tune is not a scratch training
     assert recipe_of_plans(_chain(init_from="org/base-model"))["start"] == {"name": "org/base-model"}
-    assert calibrate_command(fine("tonight")) == "codemill calibrate --seeds 5 --from-champion"
-    assert calibrate_command(None) == "codemill calibrate --seeds 5"
+    assert calibrate_command(fine("tonight")) == "codemill calibrate --seeds 10 --from-champion"
+    assert calibrate_command(None) == "codemill calibrate --seeds 10"
     with pytest.raises(ValueError, match="missing"):
         recipe_of_plans(_chain()[1:])
 
@@ -158,10 +158,10 @@ def test_candidate_seeds_are_averaged_and_their_spread_pooled_with_the_calibrati
 def test_an_uncalibrated_verdict_names_the_command_that_calibrates():
     cand, champ = _scores(0.05, seed=1), _scores(0.0, seed=2)
     v = gate(cand, champ, [GateMetric("val_bpb", 0.01)], hold_margins={"val_bpb": 0.5},
-             advice="codemill calibrate --seeds 5 --from-champion")
+             advice="codemill calibrate --seeds 10 --from-champion")
     (e,) = v.metrics
     assert v.verdict == "hold" and e.hold_margin == 0.5
-    assert "uncalibrated: needs `codemill calibrate --seeds 5 --from-champion`" in v.reason
+    assert "uncalibrated: needs `codemill calibrate --seeds 10 --from-champion`" in v.reason
     # a metric's own configured margin wins over the derived one
     assert gate(cand, champ, [GateMetric("val_bpb", 0.01, 0.02)], hold_margins={"val_bpb": 0.5}).verdict == "promote"
 
