@@ -10,8 +10,7 @@ from prefect.artifacts import create_markdown_artifact
 from codemill import tags as T
 from codemill.config import GateConfig
 from codemill.evals import suites
-from codemill.evals import calibration as cal_
-from codemill.evals.calibration import noise_of
+from codemill.evals.calibration import mean_scores, noise_of, spread
 from codemill.evals.gate import GateMetric, gate, markdown_report
 from codemill.lineage import Registry
 from codemill.tasks.common import RunContext, StageResult
@@ -53,8 +52,8 @@ def gate_task(ctx: RunContext, cfg: GateConfig, registered_model: str, candidate
     else:
         champ = _scores(ctx, champion_evals or {})
         per_seed = [_scores(ctx, e) for e in (candidate_seed_evals or {0: candidate_evals}).values()]
-        cand = per_seed[0] if len(per_seed) == 1 else cal_.mean_scores(per_seed)
-        run_noise = cal_.spread(per_seed) if len(per_seed) > 1 else None
+        cand = per_seed[0] if len(per_seed) == 1 else mean_scores(per_seed)
+        run_noise = spread(per_seed) if len(per_seed) > 1 else None
         metrics = [GateMetric(m.name, m.margin, m.uncalibrated_margin) for m in cfg.metrics
                    if m.name in cand and m.name in champ]
         if not metrics:
