@@ -100,7 +100,8 @@ def calibration_result(stage: StageResult, config: PipelineConfig, key: str, rec
     noise = cal.noise_of(stage.summary)
     margins = {m.name: m.margin for m in config.gate.metrics}
     return {"config_key": key, "recipe_key": recipe, "calibration": stage.ref.uri, "seeds": sorted(models),
-            "models": models, "alpha": config.gate.alpha, "metrics": cal.summary_rows(noise, config.gate.alpha, margins)}
+            "models": models, "alpha": config.gate.alpha,
+            "metrics": cal.summary_rows(noise, config.gate.alpha, margins)}
 
 
 def calibration_markdown(result: dict[str, Any]) -> str:
