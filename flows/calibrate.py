@@ -99,7 +99,8 @@ def calibration_result(stage: StageResult, config: PipelineConfig, key: str, rec
                        models: dict[int, dict[str, str]]) -> dict[str, Any]:
     noise = cal.noise_of(stage.summary)
     margins = {m.name: m.margin for m in config.gate.metrics}
-    return {"config_key": key, "recipe_key": recipe, "calibration": stage.ref.uri, "seeds": sorted(models), "models": models,
+    return {"config_key": key, "recipe_key": recipe, "calibration": stage.ref.uri, "seeds": sorted(models),
+            "models": models,
             "alpha": config.gate.alpha, "metrics": cal.summary_rows(noise, config.gate.alpha, margins)}
 
 

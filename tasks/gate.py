@@ -7,10 +7,11 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 
+import codemill.metrics
 from codemill import tags as T
 from codemill.config import GateConfig
-from codemill.evals import suites
 from codemill.evals import calibration as cal_
+from codemill.evals import suites
 from codemill.evals.calibration import noise_of
 from codemill.evals.gate import GateMetric, gate, markdown_report
 from codemill.lineage import Registry
@@ -75,6 +76,7 @@ def gate_task(ctx: RunContext, cfg: GateConfig, registered_model: str, candidate
                "noise_source": (calibration or {}).get("source", "none"),
                "calibrate_advice": (calibration or {}).get("advice", "codemill calibrate"),
                "candidate_seeds": sorted(candidate_seed_evals or [])}
+    codemill.metrics.get().gate_verdicts.labels(result["verdict"]).inc()
     report = _report(result)
     create_markdown_artifact(report, key="gate-verdict", description=f"gate verdict: {result['verdict']}")
     if ctx.parent_run_id:
