@@ -36,9 +36,8 @@ def open_flow_run(config: PipelineConfig, run_name: str, flow_run_id: Any,
     try:
         parent = lineage.start_parent(run_name, flow_run_id, flow_run_url, config.model_dump(mode="json"))
     except Exception:
-        metrics.get().mlflow_reachable.set(0)
+        metrics.get().mlflow_unreachable.inc()
         raise
-    metrics.get().mlflow_reachable.set(1)
     return store, ctx.model_copy(update={"parent_run_id": parent}), lineage, parent
 
 

@@ -30,7 +30,7 @@ class Metrics:
     artifact_bytes: Any
     flow_runs: Any
     flow_finished: Any
-    mlflow_reachable: Any
+    mlflow_unreachable: Any
     server_retries: Any
     push_failures: Any
     # ingest
@@ -99,8 +99,8 @@ def build(registry: CollectorRegistry) -> Metrics:
                           ("flow", "result")),
         flow_finished=gauge("codemill_flow_run_finished_timestamp_seconds", "When this flow run ended (Unix "
                             "time); absent while it runs.", ("flow",)),
-        mlflow_reachable=gauge("codemill_mlflow_reachable", "1 when the MLflow tracking server answered at the "
-                               "start of the flow run, 0 when it did not."),
+        mlflow_unreachable=counter("codemill_mlflow_unreachable_total", "Flow runs that could not reach the "
+                                   "MLflow tracking server at their start."),
         server_retries=counter("codemill_server_retries_total", "Stage retries because a server (MLflow, the "
                                "store) did not answer."),
         push_failures=counter("codemill_metrics_push_failures_total", "Pushes to the Pushgateway that failed."),
@@ -149,7 +149,7 @@ def build(registry: CollectorRegistry) -> Metrics:
                                        "that failed (the pool fails closed)."),
         eval_suite_wall_seconds=gauge("codemill_eval_suite_wall_seconds", "Wall time of the last run of a suite.",
                                       ("suite",)),
-        gate_verdicts=counter("codemill_gate_verdicts_total", "Gate verdicts by result (promote, hold, reject).",
+        gate_verdicts=counter("codemill_gate_verdicts_total", "Gate verdicts by result (promote, hold, regression).",
                               ("result",)),
     )
 

@@ -13,7 +13,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from prometheus_client import CollectorRegistry, Gauge, delete_from_gateway, push_to_gateway, pushadd_to_gateway
@@ -49,7 +49,7 @@ class Pusher:
 
     def push(self) -> bool:
         """One push (the whole group replaced); False, a warning the first time and a count when it failed."""
-        return self._try("push", lambda: push_to_gateway(self.gateway, self.job, self.registry, self.grouping,
+        return self.attempt("push", lambda: push_to_gateway(self.gateway, self.job, self.registry, self.grouping,
                                                          timeout=TIMEOUT_S))
 
     def finish(self, delete: bool = False) -> None:
@@ -59,10 +59,11 @@ class Pusher:
             self._thread.join(timeout=TIMEOUT_S * 2)
         self.push()
         if delete:
-            self._try("delete", lambda: delete_from_gateway(self.gateway, self.job, self.grouping,
+            self.attempt("delete", lambda: delete_from_gateway(self.gateway, self.job, self.grouping,
                                                             timeout=TIMEOUT_S))
 
-    def _try(self, what: str, fn) -> bool:
+    def attempt(self, what: str, fn: Callable[[], object]) -> bool:
+        """Run one request to the Pushgateway; a failure is counted and warned about once per pusher."""
         try:
             fn()
             return True
@@ -75,17 +76,15 @@ class Pusher:
             return False
 
 
-def record_flow_outcome(gateway: str, flow: str, succeeded: bool, job: str = JOB) -> None:
-    """The flow's last success (or failure) time, in the ``{job, flow}`` group that outlives each run's."""
+def record_flow_outcome(pusher: Pusher, flow: str, succeeded: bool) -> None:
+    """The flow's last success (or failure) time, in the ``{job, flow}`` group that outlives each run's (added
+    to it: the other time stays)."""
     registry = CollectorRegistry()
     name = "success" if succeeded else "failure"
     Gauge(f"codemill_flow_last_{name}_timestamp_seconds", f"When a run of this flow last ended in {name} (Unix "
           "time).", registry=registry).set(time.time())
-    try:
-        pushadd_to_gateway(gateway, job, registry, {"flow": flow}, timeout=TIMEOUT_S)
-    except Exception as e:
-        metrics.get().push_failures.inc()
-        log.warning("metrics: recording the %s of flow %s on %s failed (%s)", name, flow, gateway, e)
+    pusher.attempt("push", lambda: pushadd_to_gateway(pusher.gateway, pusher.job, registry, {"flow": flow},
+                                                      timeout=TIMEOUT_S))
 
 
 _target: dict[str, str] = {}  # the flow run pushing from this process: inherited by the processes it starts
@@ -129,5 +128,5 @@ def flow_metrics(gateway: str | None, flow: str, flow_run: str, interval_s: floa
             m.flow_runs.labels(flow, "succeeded" if succeeded else "failed").inc()
             m.flow_finished.labels(flow).set(time.time())
             pusher.finish(delete)
-            record_flow_outcome(gateway, flow, succeeded)
+            record_flow_outcome(pusher, flow, succeeded)
             _target.clear()
