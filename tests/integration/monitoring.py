@@ -89,7 +89,8 @@ def running_monitoring(root: Path, serve: str) -> Iterator[Monitoring]:
     procs: list[subprocess.Popen] = []
     try:
         pgw = f"127.0.0.1:{free_port()}"
-        procs.append(subprocess.Popen(["prometheus-pushgateway", f"--web.listen-address={pgw}"],
+        # Debian's build persists to /var/lib/prometheus by default: this one keeps its groups in memory only
+        procs.append(subprocess.Popen(["prometheus-pushgateway", f"--web.listen-address={pgw}", "--persistence.file="],
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         _wait_ready(f"http://{pgw}/-/ready", procs[-1])
         prom = f"127.0.0.1:{free_port()}"

@@ -139,7 +139,7 @@ def test_verdicts_and_outcomes_equal_the_rollouts_tables(monitoring, runs):
     assert monitoring.values('codemill_sandbox_slots{flow="rl"}') == {"": 0.0}  # every pool closed
     assert monitoring.values('codemill_rollout_samples_in_flight{flow="rl"}') == {"": 0.0}
     pass_rate = monitoring.values('codemill_rl_pass_rate{flow="rl"}', by="split")
-    assert set(pass_rate) == {"train", "heldout"} and all(0 <= v <= 1 for v in pass_rate.values())
+    assert set(pass_rate) == {"train", "val"} and all(0 <= v <= 1 for v in pass_rate.values())
 
 
 def test_the_serving_process_is_scraped(monitoring, runs):
