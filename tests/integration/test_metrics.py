@@ -57,8 +57,9 @@ def _metrics_on(mon: Monitoring) -> MetricsConfig:
 
 @pytest.fixture(scope="module")
 def runs(monitoring, small_corpus, tmp_path_factory) -> dict[str, Any]:
-    """A short pipeline (3 training steps, two small suites, the gate), then the problems flow and a one-iteration
-    RL flow, all pushing; returns their results once Prometheus has scraped the RL run's final push."""
+    """A short pipeline (3 training steps, two small suites, the gate), the same again on another MLflow (every
+    stage present in the store), then the problems flow and a one-iteration RL flow, all pushing; returns their
+    results once Prometheus has scraped the RL run's final push."""
     from codemill.flows.pipeline import pipeline
     from codemill.flows.problems import problems
     from codemill.flows.rl import rl
@@ -70,6 +71,9 @@ def runs(monitoring, small_corpus, tmp_path_factory) -> dict[str, Any]:
     cfg.evaluate.completion.max_new_tokens, cfg.evaluate.bootstrap_samples = 8, 100
     cfg.metrics = _metrics_on(monitoring)
     out = {"pipeline": pipeline(config=cfg), "started": started}
+    again = cfg.model_copy(deep=True)  # another tracking server: Prefect's cache misses, the store has every stage
+    again.mlflow_tracking_uri = cfg.mlflow_tracking_uri.replace("mlflow.db", "mlflow-again.db")
+    out["pipeline again"] = pipeline(config=again)
 
     root = tmp_path_factory.mktemp("metrics-rl")
     rl_cfg = rl_config(root, **RL_SETTINGS)
@@ -92,29 +96,43 @@ def _rollout_rows(out: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def test_stage_runs_equal_the_pipeline_summary(monitoring, runs):
-    expected = Counter(f"{s['ref']['stage']} {s['status']}" for s in runs["pipeline"]["stages"].values())
+def of_run(runs: dict[str, Any], flow: str, expr: str) -> str:
+    """``expr`` with ``RUN`` in its label matchers standing for that flow run's group."""
+    return expr.replace("RUN", f'flow_run="{runs[flow]["flow_run_id"]}"')
+
+
+@pytest.mark.parametrize("flow", ["pipeline", "pipeline again", "rl"])
+def test_stage_runs_equal_the_flow_summary(monitoring, runs, flow):
+    """Stages that ran, were found in the store (the second pipeline) or in Prefect's cache (the RL flow's
+    problems), each counted as the flow's summary has it."""
+    expected = Counter(f"{s['ref']['stage']} {s['status']}" for s in runs[flow]["stages"].values())
     got = {f"{r['metric']['stage']} {r['metric']['result']}": float(r["value"][1]) for r in monitoring.query(
-        'sum by (stage, result) (codemill_stage_runs_total{flow="pipeline"})')}
+        of_run(runs, flow, "sum by (stage, result) (codemill_stage_runs_total{RUN})"))}
     assert got == {k: float(v) for k, v in expected.items()}
+
+
+def test_what_produced_stages_cost_and_committed(monitoring, runs):
     ran = {s["ref"]["stage"] for s in runs["pipeline"]["stages"].values() if s["status"] == "ran"}
-    assert set(monitoring.values('codemill_artifact_bytes_total{flow="pipeline"} > 0', by="stage")) == ran
-    assert finite(monitoring.values('codemill_stage_cpu_seconds_total{flow="pipeline"} > 0', by="stage"))
+    committed = monitoring.values(of_run(runs, "pipeline", "codemill_artifact_bytes_total{RUN} > 0"), by="stage")
+    assert set(committed) == ran
+    assert finite(monitoring.values(of_run(runs, "pipeline", "codemill_stage_cpu_seconds_total{RUN} > 0"),
+                                    by="stage"))
     ingest = next(s for s in runs["pipeline"]["stages"].values() if s["ref"]["stage"] == "ingest")
-    assert monitoring.values('codemill_ingest_files_total{flow="pipeline"}', by="result")["kept"] == \
+    assert monitoring.values(of_run(runs, "pipeline", "codemill_ingest_files_total{RUN}"), by="result")["kept"] == \
         ingest["summary"]["files"]
 
 
 def test_training_rank_zero_pushes_its_steps_and_loss(monitoring, runs):
-    assert monitoring.values('codemill_train_steps_total{flow="pipeline", rank="0"}') == {"": 3.0}
-    loss = monitoring.values('codemill_train_loss{flow="pipeline", rank="0"}')
+    assert monitoring.values(of_run(runs, "pipeline", 'codemill_train_steps_total{RUN, rank="0"}')) == {"": 3.0}
+    loss = monitoring.values(of_run(runs, "pipeline", 'codemill_train_loss{RUN, rank="0"}'))
     assert finite(loss) and 0 < loss[""] < 20
-    assert monitoring.values('codemill_train_tokens_per_second{flow="pipeline"} > 0')
+    assert monitoring.values(of_run(runs, "pipeline", "codemill_train_tokens_per_second{RUN} > 0"))
 
 
 def test_the_run_end_is_recorded(monitoring, runs):
-    assert monitoring.values('codemill_flow_runs_total{flow="pipeline"}', by="result") == {"succeeded": 1.0}
-    assert monitoring.values('sum(codemill_gate_verdicts_total{flow="pipeline"})') == {"": 1.0}
+    ended = monitoring.values(of_run(runs, "pipeline", "codemill_flow_runs_total{RUN}"), by="result")
+    assert ended == {"succeeded": 1.0}
+    assert monitoring.values(of_run(runs, "pipeline", "sum(codemill_gate_verdicts_total{RUN})")) == {"": 1.0}
     last = monitoring.values('codemill_flow_last_success_timestamp_seconds{flow="pipeline"}')[""]
     assert runs["started"] <= last <= time.time()
     assert monitoring.values("sum(codemill_metrics_push_failures_total)") == {"": 0.0}
