@@ -114,6 +114,7 @@ def main() -> None:
 
         work: dict[str, Callable[[str], float]] = {"ingest MB/s": ingest, "rollout samples/s": rollouts}
         rollouts("warm-up")  # every judge slot's servers started, the model's first forwards done
+        ingest("warm-up")  # the corpus in the page cache
         for rep in range(args.repeats):
             for side in (("off", "on") if rep % 2 == 0 else ("on", "off")):
                 session = flow_metrics(gateway, "benchmark", f"rep{rep}-{side}", interval_s=1.0) \
