@@ -9,6 +9,9 @@ and the ratio on/off. The goal is a ratio within noise, with the overhead at mos
   the stage's metric updates (``count_ingest``); MB/s of the bytes read.
 * rollouts: ``collect_rollouts`` (a fresh tiny policy, synthetic problems, the judge pool), where metrics are
   counted per batch and per sample; samples/s.
+* the per-sample metric updates alone (what the judge pool and the rollouts record for one sample), timed in a
+  loop with metrics off and on: the bound on the overhead that machine noise cannot blur, set against the
+  measured time per sample.
 
 The Pushgateway is Debian's ``prometheus-pushgateway``, on a free port.
 
@@ -33,6 +36,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.rl_rollout import bwrap_version, tiny_policy
+from codemill import metrics
 from codemill.config import IngestConfig, SourceConfig
 from codemill.cpus import usable_cpus
 from codemill.data.ingest import run_ingest
@@ -41,7 +45,8 @@ from codemill.evals.engines import HFEngine, RolloutParams
 from codemill.evals.humaneval import STOP_SEQUENCES
 from codemill.evals.rollout import collect_rollouts
 from codemill.evals.sandbox import Limits
-from codemill.evals.sandbox.judge_pool import JudgePool
+from codemill.evals.sandbox.judge_pool import Judged, JudgePool, count_verdict
+from codemill.evals.sandbox.runner import Outcome
 from codemill.evals.synthetic import synthetic_problems
 from codemill.metrics.push import flow_metrics
 from codemill.tasks.ingest import count_ingest
@@ -79,6 +84,19 @@ def commit() -> str:
     done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                           cwd=Path(__file__).parent)
     return done.stdout.strip() or "unknown"
+
+
+def per_sample_updates_us(loops: int = 200_000) -> float:
+    """Microseconds of the metric updates one judged sample makes (verdict, latency, suspicious kind, episode,
+    samples in flight), with whatever metrics are live now."""
+    judged = Judged(Outcome.FAILED, False, 0.0, "candidate_gone", "", 0.01, {})
+    t0 = time.perf_counter()
+    for _ in range(loops):
+        m = metrics.get()
+        count_verdict(m, judged)
+        m.rollout_episodes.labels("failed").inc()
+        m.rollout_samples_in_flight.dec(1)
+    return (time.perf_counter() - t0) / loops * 1e6
 
 
 def main() -> None:
@@ -123,6 +141,11 @@ def main() -> None:
                     for name, fn in work.items():
                         results[name].setdefault(side, []).append(fn(f"{rep}-{side}"))
     tmp.cleanup()
+    updates = {"off": per_sample_updates_us()}
+    metrics.enable(fresh=True)
+    updates["on"] = per_sample_updates_us()
+    metrics.disable()
+    per_sample_us = 1e6 / statistics.median(results["rollout samples/s"]["off"])
 
     print(f"codemill metrics overhead, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, commit {commit()}")
     print(f"machine: {platform.machine()}, {usable_cpus()} usable CPUs, {platform.platform()}")
@@ -134,6 +157,8 @@ def main() -> None:
         off, on = statistics.median(sides["off"]), statistics.median(sides["on"])
         spread = {s: f"{min(v):.2f}-{max(v):.2f}" for s, v in sides.items()}
         print(f"{name:<18} off {off:8.2f} ({spread['off']})  on {on:8.2f} ({spread['on']})  on/off {on / off:.3f}")
+    print(f"per-sample metric updates: off {updates['off']:.2f} us, on {updates['on']:.2f} us; a rollout sample takes "
+          f"{per_sample_us:.0f} us here, so metrics on add {(updates['on'] - updates['off']) / per_sample_us:.3%}")
 
 
 if __name__ == "__main__":
