@@ -104,3 +104,18 @@ def test_the_metrics_setting_never_changes_a_digest():
     on = PipelineConfig(metrics=MetricsConfig(pushgateway="pgw:9091", push_interval_s=1, serve_port=9464))
     assert "metrics" not in PipelineConfig().digest_config()
     assert on.digest_config() == PipelineConfig().digest_config()
+
+
+def test_a_verdict_counts_its_outcome_latency_and_suspicious_kind():
+    from codemill.evals.sandbox.judge_pool import Judged, count_verdict
+    from codemill.evals.sandbox.runner import Outcome
+
+    registry = metrics.enable(fresh=True)
+    count_verdict(metrics.get(), Judged(Outcome.FAILED, False, 0.0, "candidate_gone", "", 0.2, {}))
+    count_verdict(metrics.get(), Judged(Outcome.PASSED, True, 1.0, "passed", "", 0.01, {}))
+    value = registry.get_sample_value
+    assert value("codemill_sandbox_verdicts_total", {"outcome": "failed"}) == 1
+    assert value("codemill_sandbox_verdicts_total", {"outcome": "passed"}) == 1
+    assert value("codemill_sandbox_suspicious_samples_total", {"kind": "exited"}) == 1
+    assert value("codemill_sandbox_verdict_seconds_count") == 2
+    assert value("codemill_sandbox_verdict_seconds_bucket", {"le": "0.25"}) == 2
