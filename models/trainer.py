@@ -25,10 +25,10 @@ import torch.distributed as dist
 from pydantic import BaseModel
 from transformers import PreTrainedModel
 
-import codemill.metrics
 from codemill import tags as T
 from codemill.config import TrainConfig
 from codemill.metrics.push import rank_pusher
+from codemill.metrics.training import count_step, record_checkpoint_commit, record_step
 from codemill.models import parallel
 from codemill.models.batches import Batches, held_out_rows, model_inputs
 from codemill.models.build import build_model, count_parameters, load_pretrained, use_attention
@@ -284,7 +284,7 @@ class Trainer:
         self.throughput.step()
         if self.d.rank != 0:
             return
-        codemill.metrics.get().train_steps.labels("0").inc()
+        count_step()
         if not (done % cfg.log_every == 0 or done == cfg.max_steps):
             return
         tps = self.throughput.read()
@@ -294,7 +294,7 @@ class Trainer:
         if util is not None:
             metrics["mfu"] = util
         self.logger.log(metrics, step=done)
-        report_step(metrics)
+        record_step(metrics["train_loss"], grad_norm, metrics["lr"], tps, util)
         emit("step", step=done, max_steps=cfg.max_steps, **metrics)
 
     def maybe_checkpoint(self) -> None:
@@ -320,8 +320,7 @@ class Trainer:
         """Rank 0, once a checkpoint is committed: report it, and log it to MLflow."""
         val_loss = saved["val_losses"].get(step)
         if step in self.saving:
-            codemill.metrics.get().checkpoint_commit_seconds.labels("0").observe(
-                time.perf_counter() - self.saving.pop(step))
+            record_checkpoint_commit(time.perf_counter() - self.saving.pop(step))
         emit("checkpoint", step=step, val_loss=val_loss)
         self.logger.checkpoint(step, saved["losses"][-1], val_loss)
 
@@ -350,17 +349,6 @@ class Trainer:
                 self.pusher.finish()
         d.barrier()  # every rank's exports are written; the process group is left to run_rank's os._exit
         return summary
-
-
-def report_step(values: dict[str, float]) -> None:
-    """Rank 0's logged step values as gauges (no-ops when metrics are off)."""
-    m = codemill.metrics.get()
-    m.train_loss.labels("0").set(values["train_loss"])
-    m.train_grad_norm.labels("0").set(values["grad_norm"])
-    m.train_learning_rate.labels("0").set(values["lr"])
-    m.train_tokens_per_second.labels("0").set(values["tokens_per_s"])
-    if "mfu" in values:
-        m.train_mfu.labels("0").set(values["mfu"])
 
 
 def train(spec: TrainSpec) -> dict[str, Any]:

@@ -17,6 +17,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from prometheus_client import CollectorRegistry, Gauge, delete_from_gateway, push_to_gateway, pushadd_to_gateway
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 from codemill import metrics
 
@@ -29,7 +31,7 @@ class Pusher:
     """Pushes ``registry`` to ``gateway`` under ``grouping``: every ``interval_s`` on a daemon thread, and on
     ``finish``."""
 
-    def __init__(self, gateway: str, registry: CollectorRegistry, grouping: dict[str, str],
+    def __init__(self, gateway: str, registry: Collector, grouping: dict[str, str],
                  interval_s: float = 15.0, job: str = JOB) -> None:
         self.gateway, self.registry, self.grouping, self.job = gateway, registry, grouping, job
         self.interval_s = interval_s
@@ -97,15 +99,29 @@ def child_env() -> dict[str, str]:
     return {metrics.ENV_PUSHGATEWAY: _target["gateway"], metrics.ENV_RUN: f"{_target['flow']}/{_target['flow_run']}"}
 
 
+TRAINING_METRICS = ("codemill_train_", "codemill_checkpoint_", "codemill_metrics_push_failures")
+
+
+class Only:
+    """The families of ``registry`` whose names start with one of ``prefixes``: a torchrun rank pushes what it
+    measures, not a zero for every metric of the flow (which would double the flow's series)."""
+
+    def __init__(self, registry: CollectorRegistry, prefixes: tuple[str, ...]) -> None:
+        self.registry, self.prefixes = registry, prefixes
+
+    def collect(self) -> Iterator[Metric]:
+        return (f for f in self.registry.collect() if f.name.startswith(self.prefixes))
+
+
 def rank_pusher(rank: int, interval_s: float = 15.0) -> Pusher | None:
     """A torchrun rank's pusher, started, when its flow run pushes metrics (``child_env``); else None. Its group
-    is the flow run's plus ``rank``."""
+    is the flow run's plus ``rank``, and holds the training metrics only."""
     gateway, run = os.environ.get(metrics.ENV_PUSHGATEWAY), os.environ.get(metrics.ENV_RUN, "")
     if not gateway or "/" not in run:
         return None
     flow, flow_run = run.split("/", 1)
     grouping = {"flow": flow, "flow_run": flow_run, "rank": str(rank)}
-    return Pusher(gateway, metrics.enable(fresh=True), grouping, interval_s).start()
+    return Pusher(gateway, Only(metrics.enable(fresh=True), TRAINING_METRICS), grouping, interval_s).start()
 
 
 @contextmanager

@@ -123,10 +123,14 @@ def test_what_produced_stages_cost_and_committed(monitoring, runs):
 
 
 def test_training_rank_zero_pushes_its_steps_and_loss(monitoring, runs):
+    """The trainer's rank 0 pushes to its flow run's group, ``rank`` added; so does the GRPO update's."""
     assert monitoring.values(of_run(runs, "pipeline", 'codemill_train_steps_total{RUN, rank="0"}')) == {"": 3.0}
     loss = monitoring.values(of_run(runs, "pipeline", 'codemill_train_loss{RUN, rank="0"}'))
     assert finite(loss) and 0 < loss[""] < 20
     assert monitoring.values(of_run(runs, "pipeline", "codemill_train_tokens_per_second{RUN} > 0"))
+    # the GRPO update's rank 0 pushed its group too (this one skipped: no group had distinct rewards)
+    assert monitoring.values(of_run(runs, "rl", 'count(codemill_metrics_push_failures_total{RUN, rank="0"})')) == \
+        {"": 1.0}
 
 
 def test_the_run_end_is_recorded(monitoring, runs):
