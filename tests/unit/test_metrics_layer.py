@@ -80,7 +80,7 @@ def test_a_dead_pushgateway_warns_once_counts_every_failure_and_never_raises(cap
     assert not metrics.enabled()  # back to off after the flow run
 
 
-def test_a_pusher_pushes_its_group_and_a_failed_push_is_false():
+def test_a_failed_push_returns_false_and_is_counted():
     registry = metrics.enable(fresh=True)
     pusher = Pusher(f"127.0.0.1:{free_port()}", registry, {"flow": "rl", "flow_run": "r"})
     assert pusher.push() is False
