@@ -538,11 +538,17 @@ def serve(
     timezone: Annotated[str | None, typer.Option(help="Time zone of the schedules, e.g. Europe/Berlin "
                                                      "(default: the file's, UTC).")] = None,
     limit: Annotated[int | None, typer.Option(help="Most flow runs at once in this process.")] = None,
+    config: Annotated[Path | None, typer.Option(help="Config whose `metrics.serve_port` serves /metrics.")] = None,
 ) -> None:
     """Serve every deployment (nightly schedule, manual pipeline/stage/evaluate runs) from this process.
 
     Runs appear in the Prefect UI of PREFECT_API_URL. Stopping this process pauses the schedules."""
-    _preflight(build_config(None, None, None, None), "serve")
+    cfg = build_config(config, None, None, None)
+    _preflight(cfg, "serve")
+    if cfg.metrics.serve_port:
+        from codemill.metrics.http import serve_metrics
+
+        serve_metrics(cfg.metrics.serve_port)
     for key, value in PREFECT_DEFAULTS.items():
         os.environ.setdefault(key, value)
     from codemill.flows.serve import DEFAULT_PREFECT_FILE, PrefectApiAuthError

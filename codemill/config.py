@@ -8,6 +8,7 @@ left out of the stage digest so that, say, a longer timeout does not invalidate 
 from __future__ import annotations
 
 import difflib
+import os
 import types
 from collections.abc import Sequence
 from importlib import resources
@@ -16,6 +17,8 @@ from typing import Any, Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from codemill.metrics import ENV_PUSHGATEWAY
 
 
 def runtime_only(**kwargs: Any) -> Any:
@@ -482,6 +485,24 @@ class RLConfig(StageConfig):
         return self
 
 
+class MetricsConfig(StageConfig):
+    """Prometheus metrics (docs: Observability). Off by default: the embedded defaults need no server."""
+
+    pushgateway: str | None = runtime_only(
+        default=None, description="Pushgateway (host:port or URL) that flow runs and the trainer's rank 0 push "
+        "to; empty = metrics off. The environment variable CODEMILL_METRICS_PUSHGATEWAY overrides it.")
+    push_interval_s: float = runtime_only(default=15.0, gt=0, description="Seconds between pushes while a run "
+                                          "works (one more push at its end).")
+    delete_finished: bool = runtime_only(default=False, description="Delete a run's group from the Pushgateway "
+                                         "after its final push (else it stays, marked finished).")
+    serve_port: int | None = runtime_only(default=None, ge=1, le=65535, description="`codemill serve` serves "
+                                          "/metrics on this port; empty = not served.")
+
+    def gateway(self) -> str | None:
+        """Where to push: the environment variable, else the setting."""
+        return os.environ.get(ENV_PUSHGATEWAY) or self.pushgateway
+
+
 class PipelineConfig(StageConfig):
     """Everything one pipeline run needs. Loadable from YAML; the Prefect flow's only parameter."""
 
@@ -503,6 +524,8 @@ class PipelineConfig(StageConfig):
     problems: ProblemsConfig = Field(default_factory=ProblemsConfig, description="The executable "
                                      "problem set (`codemill problems`).")
     rl: RLConfig = Field(default_factory=RLConfig, description="RL for code (`codemill rl`).")
+    metrics: MetricsConfig = runtime_only(default_factory=MetricsConfig, description="Prometheus metrics: "
+                                          "Pushgateway and /metrics (off by default).")
 
 
 def preset_names() -> list[str]:

@@ -296,6 +296,7 @@ def _stats(cfg: IngestConfig, proc: Processing, ledger: pl.DataFrame, results: l
                            "rejected": dict(sorted(Counter(s["reason"].drop_nulls().to_list()).items()))})
     return {
         "files_seen": ledger.height,
+        "bytes_seen": int(ledger["bytes"].sum()),
         "files_kept": kept.height,
         "bytes_kept": int(kept["bytes"].sum()),
         "rejected_by_reason": {d["reason"]: d["files"] for d in steps},

@@ -27,6 +27,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from codemill import metrics
 from codemill.evals.engines import FINISH_REASONS, Completion, RolloutEngine, RolloutParams, derive_seed
 from codemill.evals.problems import ExecProblem
 from codemill.evals.rewards import Reward, score
@@ -168,6 +169,7 @@ def collect_rollouts(engine: RolloutEngine, problems: Sequence[ExecProblem], k: 
         raise ValueError(f"{len(problems)} problems but {len(groups)} groups")
     problem_map(problems)
     timings = RolloutTimings(overlap=overlap)
+    m = metrics.get()
     lock = threading.Lock()
     t_start = time.monotonic()
     batches = batches_of(groups, batch_problems)
@@ -177,8 +179,13 @@ def collect_rollouts(engine: RolloutEngine, problems: Sequence[ExecProblem], k: 
         batch_problems_ = [problems[i] for i in positions]
         flat_p = [p for p, cs in zip(batch_problems_, generated, strict=True) for _ in cs]
         rewards, rejudged = judge(flat_p, [c.text for cs in generated for c in cs], pool, reward_retries)
+        spent = time.monotonic() - t0
+        m.rollout_samples_in_flight.dec(len(rewards))
+        m.rollout_reward_seconds.inc(spent)
+        for r in rewards:
+            m.rollout_episodes.labels(r.outcome).inc()
         with lock:
-            timings.reward_s += time.monotonic() - t0
+            timings.reward_s += spent
             timings.rejudged += rejudged
             for r in rewards:
                 if r.suspicious:
@@ -191,9 +198,16 @@ def collect_rollouts(engine: RolloutEngine, problems: Sequence[ExecProblem], k: 
             t0 = time.monotonic()
             generated = engine.generate([problems[i].prompt for i in positions], k, params,
                                         [prompt_seed(seed, groups[i]) for i in positions])
-            timings.generation_s += time.monotonic() - t0
-            timings.tokens += sum(len(c.completion_ids) for cs in generated for c in cs)
-            timings.samples += sum(len(cs) for cs in generated)
+            spent = time.monotonic() - t0
+            tokens = sum(len(c.completion_ids) for cs in generated for c in cs)
+            samples = sum(len(cs) for cs in generated)
+            timings.generation_s += spent
+            timings.tokens += tokens
+            timings.samples += samples
+            m.rollout_generation_seconds.inc(spent)
+            m.rollout_tokens.inc(tokens)
+            m.rollout_samples.inc(samples)
+            m.rollout_samples_in_flight.inc(samples)
             if any(len(cs) != k for cs in generated):
                 raise RuntimeError(f"the engine returned {[len(cs) for cs in generated]} samples, not {k} per prompt")
             future = rewarder.submit(reward_batch, positions, generated)

@@ -18,7 +18,7 @@ from codemill import tags as T
 from codemill.config import PipelineConfig
 from codemill.evals import calibration as cal
 from codemill.flows.artifacts import mlflow_ui_links
-from codemill.flows.common import execute, flow_run_url, open_flow_run, run_stage_task
+from codemill.flows.common import execute, flow_run_metrics, flow_run_url, open_flow_run, run_stage_task
 from codemill.flows.hooks import record_failure_on_mlflow, run_name_from, tag_current_flow_run
 from codemill.flows.nightly import champion_start
 from codemill.flows.plan import plan_pipeline
@@ -53,6 +53,11 @@ def calibrate(config: PipelineConfig = PipelineConfig(), seeds: int = DEFAULT_SE
     ``config.evaluate.suites``, store the per-metric between-seed variance and link it to the registered
     model. ``from_champion``: fine-tune every seed from the champion's weights, as ``nightly`` does, which
     calibrates the nightly chain's recipe (it stays calibrated when the champion changes)."""
+    with flow_run_metrics(config, "calibrate"):
+        return _calibrate(config, seeds, from_champion)
+
+
+def _calibrate(config: PipelineConfig, seeds: int, from_champion: bool) -> dict[str, Any]:
     if seeds < 2:
         raise ValueError(f"a calibration needs at least 2 seeds, not {seeds}")
     logger = get_run_logger()

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from codemill import progress
+from codemill import metrics, progress
 from codemill.config import PipelineConfig
 from codemill.lineage import Lineage
 from codemill.store import ArtifactStore
@@ -31,8 +33,24 @@ def open_flow_run(config: PipelineConfig, run_name: str, flow_run_id: Any,
     ctx = RunContext(store_root=config.store_root, work_dir=config.work_dir,
                      tracking_uri=config.mlflow_tracking_uri, experiment=config.name)
     lineage = ctx.lineage()
-    parent = lineage.start_parent(run_name, flow_run_id, flow_run_url, config.model_dump(mode="json"))
+    try:
+        parent = lineage.start_parent(run_name, flow_run_id, flow_run_url, config.model_dump(mode="json"))
+    except Exception:
+        metrics.get().mlflow_unreachable.inc()
+        raise
     return store, ctx.model_copy(update={"parent_run_id": parent}), lineage, parent
+
+
+@contextmanager
+def flow_run_metrics(config: PipelineConfig, flow_name: str) -> Iterator[None]:
+    """Metrics on for this flow run when a Pushgateway is configured: pushed while it runs and at its end."""
+    from prefect.runtime import flow_run
+
+    from codemill.metrics.push import flow_metrics
+
+    with flow_metrics(config.metrics.gateway(), flow_name, str(flow_run.id or "local"),
+                      config.metrics.push_interval_s, config.metrics.delete_finished):
+        yield
 
 
 def run_stage_task(task: Any, store: ArtifactStore, **params: Any) -> StageResult:
@@ -44,6 +62,7 @@ def run_stage_task(task: Any, store: ArtifactStore, **params: Any) -> StageResul
         result = state.result()
     if state.name == "Cached":
         result = result.model_copy(update={"status": "cached", "cost": {}})  # nothing spent in this run
+        metrics.get().stage_runs.labels(result.ref.stage, "cached").inc()  # run_stage did not run to count it
     progress.sink().stage(result.ref.stage, f"{result.status}: {result.ref.uri}")
     return result
 

@@ -13,7 +13,7 @@ from codemill import tags as T
 from codemill.config import PipelineConfig
 from codemill.evals.calibration import gate_noise, recipe_key
 from codemill.evals.preset_noise import SUITE_OF_METRIC
-from codemill.flows.common import eval_results, execute, flow_result, flow_run_url, open_flow_run
+from codemill.flows.common import eval_results, execute, flow_result, flow_run_metrics, flow_run_url, open_flow_run
 from codemill.flows.hooks import record_failure_on_mlflow
 from codemill.flows.plan import config_recipe, plan_evaluations
 from codemill.lineage import Registry
@@ -88,6 +88,11 @@ def evaluate(model: str, config: PipelineConfig = PipelineConfig(), corpus: str 
              samples_file: str | None = None) -> dict[str, Any]:
     """Evaluate ``model`` on ``config.evaluate.suites``; gate it against the champion when ``config.gate``
     is enabled. ``samples_file`` scores a HumanEval samples JSONL instead of generating."""
+    with flow_run_metrics(config, "evaluate"):
+        return _evaluate(model, config, corpus, samples_file)
+
+
+def _evaluate(model: str, config: PipelineConfig, corpus: str | None, samples_file: str | None) -> dict[str, Any]:
     store, ctx, lineage, parent = open_flow_run(config, flow_run.name or "evaluate", flow_run.id, flow_run_url())
     try:
         resolved = resolve_model(ctx, model)

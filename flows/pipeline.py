@@ -18,7 +18,15 @@ from prefect.runtime import flow_run
 from codemill import tags as T
 from codemill.config import PipelineConfig
 from codemill.flows.artifacts import publish_run_artifacts
-from codemill.flows.common import eval_results, execute, flow_result, flow_run_url, open_flow_run, scores_of
+from codemill.flows.common import (
+    eval_results,
+    execute,
+    flow_result,
+    flow_run_metrics,
+    flow_run_url,
+    open_flow_run,
+    scores_of,
+)
 from codemill.flows.evaluate import gate_against_champion
 from codemill.flows.hooks import record_failure_on_mlflow, run_name_from, tag_current_flow_run
 from codemill.flows.plan import plan_pipeline
@@ -33,7 +41,12 @@ def _run_name() -> str:
 
 
 def run_pipeline(config: PipelineConfig, until: str = "evaluate", flow_name: str = "pipeline") -> dict[str, Any]:
-    """The body shared by ``pipeline`` and ``nightly`` (call it inside a flow)."""
+    """The body shared by ``pipeline`` and ``nightly`` (call it inside a flow), its metrics pushed when on."""
+    with flow_run_metrics(config, flow_name):
+        return _run_pipeline(config, until, flow_name)
+
+
+def _run_pipeline(config: PipelineConfig, until: str, flow_name: str) -> dict[str, Any]:
     logger = get_run_logger()
     tag_current_flow_run(flow_name)
     store, ctx, lineage, parent = open_flow_run(config, flow_run.name or flow_name, flow_run.id, flow_run_url())

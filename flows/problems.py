@@ -16,7 +16,7 @@ from prefect.runtime import flow_run
 
 from codemill import tags as T
 from codemill.config import PipelineConfig
-from codemill.flows.common import execute, flow_result, flow_run_url, open_flow_run
+from codemill.flows.common import execute, flow_result, flow_run_metrics, flow_run_url, open_flow_run
 from codemill.flows.hooks import record_failure_on_mlflow, run_name_from, tag_current_flow_run
 from codemill.flows.plan import Step, plan_pipeline
 from codemill.store import ArtifactStore
@@ -49,6 +49,11 @@ def _run_name() -> str:
 def problems(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:  # noqa: B008
     """Executable problems (prompt, entry point, tests, reference) from ``config.problems.sources``: references
     verified in the sandbox, deduplicated, decontaminated against HumanEval, split train/val by split unit."""
+    with flow_run_metrics(config, "problems"):
+        return _problems(config)
+
+
+def _problems(config: PipelineConfig) -> dict[str, Any]:
     logger = get_run_logger()
     tag_current_flow_run("problems")
     store, ctx, lineage, parent = open_flow_run(config, flow_run.name or "problems", flow_run.id, flow_run_url())

@@ -22,7 +22,7 @@ from prefect.runtime import flow_run
 from codemill import tags as T
 from codemill.config import PipelineConfig
 from codemill.flows.artifacts import publish_png
-from codemill.flows.common import eval_results, execute, flow_result, flow_run_url, open_flow_run
+from codemill.flows.common import eval_results, execute, flow_result, flow_run_metrics, flow_run_url, open_flow_run
 from codemill.flows.evaluate import evaluate_resolved, gate_against_champion, latest_corpus
 from codemill.flows.hooks import config_of, record_failure_on_mlflow, tag_current_flow_run
 from codemill.flows.plan import Step, plan_pipeline
@@ -128,6 +128,12 @@ def _run_name() -> str:
 def rl(config: PipelineConfig = PipelineConfig(), model: str | None = None) -> dict[str, Any]:  # noqa: B008
     """RL for code (``config.rl``) from ``model`` (a LoggedModel id, a store artifact or an HF folder; empty =
     the champion) on the problem set ``config.problems``; then the final policy is evaluated and gated."""
+    with flow_run_metrics(config, "rl"):
+        return run_rl(config, model)
+
+
+def run_rl(config: PipelineConfig, model: str | None) -> dict[str, Any]:
+    """The ``rl`` flow's body (call it inside the flow)."""
     from codemill.evals.heldout import compare_pass_rates
     from codemill.evals.rollout import read_rollouts
     from codemill.report import reward_curve_png

@@ -51,6 +51,8 @@ import torch.distributed as dist
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from codemill.config import GRPOConfig
+from codemill.metrics.push import rank_pusher
+from codemill.metrics.training import count_step, record_step
 from codemill.models import parallel
 from codemill.models.build import load_pretrained
 from codemill.models.checkpoint import Checkpointer, committed_steps, step_dir
@@ -259,6 +261,7 @@ class GRPOUpdate:
         self.order = SampleOrder(len(self.plan.samples), cfg.seed, per_step, cfg.epochs)
         self.history: list[dict[str, float]] = []
         self.start_step = 0
+        self.pusher = rank_pusher(d.rank) if d.rank == 0 else None  # when the flow run pushes metrics
 
     def run(self) -> dict[str, Any]:
         """Every step, then the export; ends with a barrier (the process group is left to ``run_rank``)."""
@@ -270,6 +273,8 @@ class GRPOUpdate:
             record = self.train_step(step)
             self.history.append(record)
             if d.rank == 0:
+                count_step()
+                record_step(record["loss"], record["grad_norm"], record["lr"])
                 emit("step", **record)
             done = step + 1
             if done % self.cfg.checkpoint_every == 0 and done < self.order.total_steps:
@@ -294,8 +299,13 @@ class GRPOUpdate:
             if self.spec.optimizer_in and self.spec.optimizer_out and Path(self.spec.optimizer_in).is_dir():
                 shutil.copytree(self.spec.optimizer_in, self.spec.optimizer_out, dirs_exist_ok=True)
             emit("done", metrics=metrics, skipped=reason)
+            self.finish_metrics()
         self.d.barrier()
         return summary
+
+    def finish_metrics(self) -> None:
+        if self.pusher is not None:
+            self.pusher.finish()
 
     def setup_training(self) -> None:
         cfg, d, spec = self.cfg, self.d, self.spec
@@ -451,6 +461,7 @@ class GRPOUpdate:
             fresh.load_state_dict(state)
             write_policy(fresh, Path(self.spec.policy_dir), Path(self.spec.out_dir), summary)
             emit("done", metrics=metrics)
+            self.finish_metrics()
         d.barrier()
         return summary
 

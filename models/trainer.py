@@ -27,6 +27,8 @@ from transformers import PreTrainedModel
 
 from codemill import tags as T
 from codemill.config import TrainConfig
+from codemill.metrics.push import rank_pusher
+from codemill.metrics.training import count_step, record_checkpoint_commit, record_step
 from codemill.models import parallel
 from codemill.models.batches import Batches, held_out_rows, model_inputs
 from codemill.models.build import build_model, count_parameters, load_pretrained, use_attention
@@ -227,6 +229,8 @@ class Trainer:
                  sequences=self.batches.sequences, start_step=self.start_step, max_steps=cfg.max_steps,
                  parallelism=cfg.parallelism, attention=self.attention)
         self.throughput, self.started = Throughput(self.tokens_per_step), time.perf_counter()
+        self.pusher = rank_pusher(d.rank) if d.rank == 0 else None  # when the flow run pushes metrics
+        self.saving: dict[int, float] = {}  # step -> when its checkpoint save started
 
     def resume(self) -> TrainState:
         """The last committed checkpoint's state (weights, optimizer, scheduler and RNG restored in place)."""
@@ -278,7 +282,10 @@ class Trainer:
         """Rank 0, every ``log_every`` steps and at the last: MLflow metrics and one JSON line."""
         done, cfg = self.state.step, self.cfg
         self.throughput.step()
-        if self.d.rank != 0 or not (done % cfg.log_every == 0 or done == cfg.max_steps):
+        if self.d.rank != 0:
+            return
+        count_step()
+        if not (done % cfg.log_every == 0 or done == cfg.max_steps):
             return
         tps = self.throughput.read()
         metrics = {"train_loss": self.state.losses[-1], "lr": float(self.sched.get_last_lr()[0]),
@@ -287,6 +294,7 @@ class Trainer:
         if util is not None:
             metrics["mfu"] = util
         self.logger.log(metrics, step=done)
+        record_step(metrics["train_loss"], grad_norm, metrics["lr"], tps, util)
         emit("step", step=done, max_steps=cfg.max_steps, **metrics)
 
     def maybe_checkpoint(self) -> None:
@@ -296,6 +304,7 @@ class Trainer:
         if done % self.cfg.checkpoint_every or done >= self.cfg.max_steps:
             return
         self.validate()
+        self.saving[done] = time.perf_counter()
         self.ckpt.save(done, self.model, self.opt, self.sched, self.state.snapshot())
 
     def validate(self) -> None:
@@ -310,6 +319,8 @@ class Trainer:
     def _committed(self, step: int, saved: dict[str, Any]) -> None:
         """Rank 0, once a checkpoint is committed: report it, and log it to MLflow."""
         val_loss = saved["val_losses"].get(step)
+        if step in self.saving:
+            record_checkpoint_commit(time.perf_counter() - self.saving.pop(step))
         emit("checkpoint", step=step, val_loss=val_loss)
         self.logger.checkpoint(step, saved["losses"][-1], val_loss)
 
@@ -334,6 +345,8 @@ class Trainer:
         if d.rank == 0:
             (Path(self.spec.out_dir) / "train_summary.json").write_text(json.dumps(summary, indent=2))
             emit("done", final_loss=summary["final_loss"])
+            if self.pusher is not None:
+                self.pusher.finish()
         d.barrier()  # every rank's exports are written; the process group is left to run_rank's os._exit
         return summary
 

@@ -10,6 +10,7 @@ from prefect import task
 from prefect.context import TaskRunContext
 from pydantic import BaseModel, Field
 
+from codemill import metrics
 from codemill import tags as T
 from codemill.cost import measure
 from codemill.lineage import Lineage
@@ -53,10 +54,10 @@ def retry_on_server_error(task: Any, task_run: Any, state: Any) -> bool:
 
     exc = state.result(raise_on_failure=False)
     while isinstance(exc, BaseException):
-        if isinstance(exc, ConnectionError | TimeoutError | requests.ConnectionError | requests.Timeout):
-            return True
-        if type(exc).__name__ == "MlflowException" and any(
-                s in str(exc) for s in ("Max retries exceeded", "Connection refused", "Read timed out")):
+        if isinstance(exc, ConnectionError | TimeoutError | requests.ConnectionError | requests.Timeout) or (
+                type(exc).__name__ == "MlflowException" and any(
+                    s in str(exc) for s in ("Max retries exceeded", "Connection refused", "Read timed out"))):
+            metrics.get().server_retries.inc()
             return True
         exc = exc.__cause__ or exc.__context__
     return False
@@ -95,6 +96,27 @@ def run_stage(ctx: RunContext, plan: StagePlan, produce: Producer, record: Recor
     A produced stage logs what it cost (``cost_wall_s``, ``cost_cpu_s``, ``cost_gpu_s``; ``gpus``: the GPUs it
     holds); ``system_metrics`` turns on MLflow's CPU/memory/GPU sampling on its run.
     """
+    try:
+        return _run_stage(ctx, plan, produce, record, summarize, gpus, system_metrics)
+    except BaseException:
+        metrics.get().stage_runs.labels(plan.stage, "failed").inc()
+        raise
+
+
+def count_stage(result: StageResult, manifest: Manifest) -> None:
+    """A stage run in the metrics: its result, and what a produced stage cost and committed."""
+    m, stage = metrics.get(), result.ref.stage
+    m.stage_runs.labels(stage, result.status).inc()
+    if result.status == "ran":
+        m.stage_wall_seconds.labels(stage).inc(result.cost.get("wall_s", 0.0))
+        m.stage_cpu_seconds.labels(stage).inc(result.cost.get("cpu_s", 0.0))
+        m.stage_gpu_seconds.labels(stage).inc(result.cost.get("gpu_s", 0.0))
+        m.artifacts_committed.labels(stage).inc()
+        m.artifact_bytes.labels(stage).inc(sum(f.bytes for f in manifest.files))
+
+
+def _run_stage(ctx: RunContext, plan: StagePlan, produce: Producer, record: Recorder,
+               summarize: Callable[[Manifest], dict[str, Any]], gpus: int, system_metrics: bool) -> StageResult:
     store = ctx.store()
     lineage = ctx.lineage()
     ref = store.ref_for(plan)
@@ -124,5 +146,7 @@ def run_stage(ctx: RunContext, plan: StagePlan, produce: Producer, record: Recor
             extra = record_all(run_id, manifest)
             lineage.log_metrics(run_id, spent.metrics())
         cost = spent.as_dict()
-    return StageResult(ref=ref, status=status, run_id=run_id, model_id=extra.get("model_id"),
-                       summary={**summarize(manifest), **extra}, cost=cost)
+    result = StageResult(ref=ref, status=status, run_id=run_id, model_id=extra.get("model_id"),
+                         summary={**summarize(manifest), **extra}, cost=cost)
+    count_stage(result, manifest)
+    return result

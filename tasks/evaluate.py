@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
 from prefect import get_run_logger
 
-from codemill import progress
+from codemill import metrics, progress
 from codemill import tags as T
 from codemill.config import EvalConfig
 from codemill.data.corpus import split_key
@@ -98,6 +99,7 @@ def evaluate_suite_task(plan: StagePlan, ctx: RunContext, cfg: EvalConfig, model
     samples_file = plan.inputs["samples"].uri if "samples" in plan.inputs else None
 
     def produce(w: ArtifactWriter, run_id: str) -> Manifest:
+        started = time.perf_counter()
         progress.sink().stage(STAGE, f"{suite}: {model.ref.uri}")
         if suite == "humaneval":
             rows, summary = _humaneval(w, cfg, model, samples_file)
@@ -110,6 +112,7 @@ def evaluate_suite_task(plan: StagePlan, ctx: RunContext, cfg: EvalConfig, model
             rows, summary = run(m, val, clusters, cfg)
         rows.write_parquet(w.path(suites.rows_file(suite)))
         logger.info("evaluate %s: %s", suite, metrics_of(summary))
+        metrics.get().eval_suite_wall_seconds.labels(suite).set(time.perf_counter() - started)
         return w.finish({**summary, "suite": suite, "model_id": model.model_id})
 
     import torch  # here, not at the top: a no-change rerun only plans and skips, and torch takes seconds to load

@@ -7,6 +7,7 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 
+import codemill.metrics
 from codemill import tags as T
 from codemill.config import GateConfig
 from codemill.evals import suites
@@ -74,6 +75,7 @@ def gate_task(ctx: RunContext, cfg: GateConfig, registered_model: str, candidate
                "noise_source": (calibration or {}).get("source", "none"),
                "calibrate_advice": (calibration or {}).get("advice", "codemill calibrate"),
                "candidate_seeds": sorted(candidate_seed_evals or [])}
+    codemill.metrics.get().gate_verdicts.labels(result["verdict"]).inc()
     report = _report(result)
     create_markdown_artifact(report, key="gate-verdict", description=f"gate verdict: {result['verdict']}")
     if ctx.parent_run_id:

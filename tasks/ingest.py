@@ -9,7 +9,7 @@ from typing import Any
 import polars as pl
 from prefect import get_run_logger, task
 
-from codemill import progress
+from codemill import metrics, progress
 from codemill import tags as T
 from codemill.config import IngestConfig
 from codemill.data.ingest import CHUNK_CODE_VERSION, INGEST_CODE_VERSION, diff_ledgers, fingerprint_sources, run_ingest
@@ -127,6 +127,18 @@ def _record(sources: list[dict]):
     return record
 
 
+def count_ingest(stats: dict[str, Any]) -> None:
+    """An ingest run's counts in the metrics: files and bytes read, rejections by reason, chunks reused."""
+    m = metrics.get()
+    m.ingest_files.labels("kept").inc(stats["files_kept"])
+    m.ingest_files.labels("rejected").inc(stats["files_seen"] - stats["files_kept"])
+    m.ingest_bytes.inc(stats["bytes_seen"])
+    for reason, files in stats["rejected_by_reason"].items():
+        m.ingest_rejected_files.labels(reason).inc(files)
+    m.ingest_chunks.labels("reused").inc(stats["chunks"]["reused"])
+    m.ingest_chunks.labels("processed").inc(stats["chunks"]["total"] - stats["chunks"]["reused"])
+
+
 @stage_task("ingest")
 def ingest_task(plan: StagePlan, ctx: RunContext, cfg: IngestConfig, sources: list[dict]) -> StageResult:
     logger = get_run_logger()
@@ -140,6 +152,7 @@ def ingest_task(plan: StagePlan, ctx: RunContext, cfg: IngestConfig, sources: li
         stats["source_fingerprints"] = sources
         stats["source_key"] = source_key(sources)
         stats["changes"] = changes_since_previous(store, stats["source_key"], w.ref, w)
+        count_ingest(stats)
         logger.info("ingest: kept %d of %d files (%s bytes); rejected %s; chunks reused %s; changes %s",
                     stats["files_kept"], stats["files_seen"], stats["bytes_kept"], stats["rejected_by_reason"],
                     stats["chunks"], {k: v for k, v in stats["changes"].items() if k != "examples"})

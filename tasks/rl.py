@@ -20,7 +20,7 @@ from typing import Any
 
 from prefect import get_run_logger
 
-from codemill import progress
+from codemill import metrics, progress
 from codemill import tags as T
 from codemill.config import FinetuneConfig, RLConfig, TrainConfig
 from codemill.lineage import Lineage
@@ -190,12 +190,23 @@ def rollouts_task(plan: StagePlan, ctx: RunContext, cfg: RLConfig, policy_hf: st
         write_rollouts(rows, w.path(ROLLOUTS_FILE))
         stats = {**rollout_metrics(rows, k), "timings": timings, "samples_per_problem": k, "seed": seed,
                  "problem_ids": [p.problem_id for p in chosen]}
+        report_iteration(split, plan.config.get("iteration"), stats)
         logger.info("%s: %d samples, reward %.3f, pass rate %.3f, zero-variance groups %.2f, %.1f samples/s",
                     plan.name, stats["samples"], stats["reward_mean"], stats["pass_rate"],
                     stats["zero_variance_groups"], timings["samples_per_s"])
         return w.finish(stats)
 
     return run_stage(ctx, plan, produce, _record_rollouts(plan), _rollouts_summary)
+
+
+def report_iteration(split: str, iteration: int | None, stats: dict[str, Any]) -> None:
+    """The rollouts' reward, pass rate and zero-variance groups as gauges (the RL dashboard's per-iteration view)."""
+    m = metrics.get()
+    if iteration is not None:
+        m.rl_iteration.set(iteration)
+    m.rl_reward_mean.labels(split).set(stats["reward_mean"])
+    m.rl_pass_rate.labels(split).set(stats["pass_rate"])
+    m.rl_zero_variance_groups.labels(split).set(stats["zero_variance_groups"])
 
 
 def _rollouts_summary(m: Manifest) -> dict[str, Any]:

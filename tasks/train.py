@@ -15,6 +15,7 @@ from codemill import progress
 from codemill import tags as T
 from codemill.config import GRPOConfig, TrainConfig
 from codemill.lineage import Lineage
+from codemill.metrics.push import child_env
 from codemill.models.launch import run_streaming, threads_per_rank, torchrun_command
 from codemill.plan import StagePlan
 from codemill.store import ArtifactRef, ArtifactStore, ArtifactWriter, Manifest
@@ -94,7 +95,7 @@ def run_torchrun(spec: BaseModel, out_dir: Path, cfg: TrainConfig | GRPOConfig, 
     spec_path.write_text(spec.model_dump_json())
     env = {**os.environ, "MLFLOW_TRACKING_URI": ctx.tracking_uri, "MLFLOW_RUN_ID": run_id,
            "OMP_NUM_THREADS": str(threads_per_rank(cfg.nproc_per_node)), "PYTHONUNBUFFERED": "1",
-           "TQDM_DISABLE": "1", STACK_DUMP_ENV: str(max(1, cfg.timeout_s - 15))}
+           "TQDM_DISABLE": "1", STACK_DUMP_ENV: str(max(1, cfg.timeout_s - 15)), **child_env()}
     progress.sink().stage(stage, f"torchrun x{cfg.nproc_per_node}")
     try:
         if isinstance(cfg, TrainConfig):  # multi-node settings are the trainer's

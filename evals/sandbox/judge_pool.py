@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from codemill import metrics
 from codemill.cpus import usable_cpus
 from codemill.evals.problems import ExecProblem
 from codemill.evals.sandbox.limits import Limits
@@ -78,7 +79,7 @@ class _Slot:
         if current is None or not current.alive():
             if current is not None:
                 current.stop()
-                self.restarts += 1
+                self._restarted()
             current = self._start(role)
             self.servers[role] = current
         return current
@@ -88,7 +89,11 @@ class _Slot:
         if current is not None:
             current.stop()
             self.servers[role] = None
-            self.restarts += 1
+            self._restarted()
+
+    def _restarted(self) -> None:
+        self.restarts += 1
+        metrics.get().sandbox_server_restarts.inc()
 
     def _start(self, role: str) -> Server:
         """A fresh server; a start that fails is tried again (a loaded machine, a uid still draining its last
@@ -97,6 +102,7 @@ class _Slot:
             try:
                 return Server.start(self.sandbox, role, self.uids[role])
             except SandboxUnavailable:
+                metrics.get().sandbox_probe_failures.inc()
                 if attempt == START_ATTEMPTS - 1:
                     raise
                 time.sleep(0.2 * (attempt + 1))
@@ -124,15 +130,22 @@ class JudgePool:
         self.isolation: dict[str, str] = {}  # what the probe found isolates the verdicts (``Sandbox.describe``)
         self._slots: queue.Queue[_Slot] = queue.Queue()
         self._all: list[_Slot] = []
+        self._open = 0  # slots counted in codemill_sandbox_slots
         self._lock = threading.Lock()
 
     def __enter__(self) -> JudgePool:
-        self.isolation = self.sandbox.probe()
+        try:
+            self.isolation = self.sandbox.probe()
+        except SandboxUnavailable:
+            metrics.get().sandbox_probe_failures.inc()
+            raise
         try:
             for _ in range(self.workers):
                 slot = _Slot(self.sandbox)
                 self._all.append(slot)
                 self._slots.put(slot)
+                self._open += 1
+                metrics.get().sandbox_slots.inc()
             for role in ("candidate", "judge"):
                 self._all[0].server(role)
         except (SandboxUnavailable, NoFreeUid):
@@ -146,6 +159,8 @@ class JudgePool:
     def close(self) -> None:
         for slot in self._all:
             slot.close()
+        metrics.get().sandbox_slots.dec(self._open)
+        self._open = 0
 
     @property
     def restarts(self) -> int:
@@ -156,11 +171,17 @@ class JudgePool:
         """Verdicts in input order; one thread per slot (threads only wait on sockets)."""
         done = [0]
 
+        m = metrics.get()
+
         def one(item: tuple[ExecProblem, str]) -> Judged:
             slot = self._slots.get()
+            m.sandbox_slots_busy.inc()
             try:
-                return self._judge(slot, *item)
+                judged = self._judge(slot, *item)
+                count_verdict(m, judged)
+                return judged
             finally:
+                m.sandbox_slots_busy.dec()
                 self._slots.put(slot)
                 with self._lock:
                     done[0] += 1
@@ -220,6 +241,13 @@ class JudgePool:
         except ServerDied:
             slot.drop(role)
             return {"server_died": True}
+
+
+def count_verdict(m: metrics.Metrics, judged: Judged) -> None:
+    m.sandbox_verdict_seconds.observe(judged.duration_s)
+    m.sandbox_verdicts.labels(judged.outcome.value).inc()
+    if judged.suspicious:
+        m.sandbox_suspicious_samples.labels(judged.suspicious).inc()
 
 
 def _label(verdict: dict[str, Any] | None, host_kind: str, cand: dict[str, Any], duration: float,

@@ -22,7 +22,8 @@ from prefect.utilities.templating import apply_values, find_placeholders
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deployments"
-MANIFESTS = sorted([*DEPLOY.glob("k8s/*.yaml"), *DEPLOY.glob("mlflow/*.yaml"), *DEPLOY.glob("prefect/*.yaml")])
+MANIFESTS = sorted([*DEPLOY.glob("k8s/*.yaml"), *DEPLOY.glob("mlflow/*.yaml"), *DEPLOY.glob("prefect/*.yaml"),
+                    *DEPLOY.glob("monitoring/*.yaml")])
 SECRETS = DEPLOY / "mlflow" / "secrets.example.yaml"
 TEMPLATE = DEPLOY / "k8s" / "base-job-template.json"
 
@@ -34,6 +35,33 @@ KINDS = {("v1", "Service"): k8s.V1Service, ("v1", "Secret"): k8s.V1Secret,
          ("rbac.authorization.k8s.io/v1", "Role"): k8s.V1Role,
          ("rbac.authorization.k8s.io/v1", "RoleBinding"): k8s.V1RoleBinding,
          ("networking.k8s.io/v1", "NetworkPolicy"): k8s.V1NetworkPolicy}
+
+def _strict(properties: dict[str, Any], required: tuple[str, ...] = ()) -> dict[str, Any]:
+    return {"type": "object", "properties": properties, "required": list(required), "additionalProperties": False}
+
+
+# The Prometheus Operator's kinds (CRDs: no client model), as the subset of their OpenAPI schemas
+# (monitoring.coreos.com/v1) the files use, strict: an unknown or misspelt field fails as it would on apply.
+_STR, _MAP = {"type": "string"}, {"type": "object", "additionalProperties": {"type": "string"}}
+_SELECTOR = _strict({"matchLabels": _MAP})
+_METADATA = _strict({"name": _STR, "labels": _MAP}, ("name",))
+_ENDPOINT = {"port": _STR, "path": _STR, "interval": _STR, "honorLabels": {"type": "boolean"}}
+_RULE = {"type": "object", "additionalProperties": False, "properties": {
+    "record": _STR, "alert": _STR, "expr": _STR, "for": _STR, "labels": _MAP, "annotations": _MAP},
+    "required": ["expr"], "oneOf": [{"required": ["record"]}, {"required": ["alert"]}]}
+CRD_SCHEMAS = {
+    ("monitoring.coreos.com/v1", "ServiceMonitor"): _strict({"spec": _strict({
+        "selector": _SELECTOR, "endpoints": {"type": "array", "items": _strict(_ENDPOINT, ("port",))}},
+        ("selector", "endpoints"))}, ("spec",)),
+    ("monitoring.coreos.com/v1", "PodMonitor"): _strict({"spec": _strict({
+        "selector": _SELECTOR, "podMetricsEndpoints": {"type": "array", "items": _strict(_ENDPOINT, ("port",))}},
+        ("selector", "podMetricsEndpoints"))}, ("spec",)),
+    ("monitoring.coreos.com/v1", "PrometheusRule"): _strict({"spec": _strict({"groups": {
+        "type": "array", "items": _strict({"name": _STR, "interval": _STR, "rules": {"type": "array",
+                                                                                     "items": _RULE}},
+                                          ("name", "rules"))}}, ("groups",))}, ("spec",)),
+}
+
 QUANTITY_MAPS = {"limits", "requests", "capacity"}  # resource quantities: the API takes numbers or strings
 SCALARS = {"str": (str,), "int": (int,), "float": (int, float), "bool": (bool,)}
 _DUMMY = object()
@@ -88,7 +116,17 @@ def _type_errors(type_name: str, value: Any, where: str, key: str) -> list[str]:
     return k8s_errors(getattr(k8s, type_name), value, where)
 
 
+def crd_errors(schema: dict[str, Any], obj: dict) -> list[str]:
+    body = {k: v for k, v in obj.items() if k not in ("apiVersion", "kind", "metadata")}
+    errors = [*jsonschema.Draft202012Validator(_METADATA).iter_errors(obj.get("metadata")),
+              *jsonschema.Draft202012Validator(schema).iter_errors(body)]
+    return [f".{'.'.join(map(str, e.absolute_path))}: {e.message}" for e in errors]
+
+
 def object_errors(obj: dict) -> list[str]:
+    schema = CRD_SCHEMAS.get((obj.get("apiVersion"), obj.get("kind")))
+    if schema is not None:
+        return crd_errors(schema, obj)
     model = KINDS.get((obj.get("apiVersion"), obj.get("kind")))
     if model is None:
         return [f"no schema for apiVersion={obj.get('apiVersion')} kind={obj.get('kind')}"]
@@ -103,7 +141,8 @@ def test_manifests_exist():
     names = {p.relative_to(DEPLOY).as_posix() for p in MANIFESTS}
     assert {"mlflow/mlflow.yaml", "mlflow/postgres.yaml", "mlflow/secrets.example.yaml",
             "mlflow/identities-job.yaml", "prefect/server.yaml", "prefect/worker.yaml",
-            "k8s/network-policies.yaml", "k8s/torchrun-multinode.yaml"} <= names
+            "k8s/network-policies.yaml", "k8s/torchrun-multinode.yaml", "monitoring/pushgateway.yaml",
+            "monitoring/servicemonitor.yaml", "monitoring/prometheusrule.yaml"} <= names
 
 
 @pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.relative_to(DEPLOY).as_posix())
@@ -130,6 +169,11 @@ def test_checker_rejects_typos_missing_fields_and_wrong_types():
     assert object_errors(wrong) == [".metadata.labels.tier: expected str, got 3",
                                     ".spec.replicas: expected int, got 'one'"]
     assert object_errors({"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob"})[0].startswith("no schema")
+    monitor = copy.deepcopy(load_objects(DEPLOY / "monitoring" / "servicemonitor.yaml")[0])
+    assert object_errors(monitor) == []
+    monitor["spec"]["endpoints"][0]["honorLabel"] = True
+    assert object_errors(monitor) == [".spec.endpoints.0: Additional properties are not allowed ('honorLabel' was "
+                                      "unexpected)"]
 
 
 def test_multinode_job_rendezvous_matches_launch_command():
