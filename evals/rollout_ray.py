@@ -27,6 +27,7 @@ from codemill.evals.problems import ExecProblem
 from codemill.evals.rollout import RolloutTimings, batches_of, collect_rollouts
 from codemill.evals.sandbox.judge_pool import JudgePool
 from codemill.evals.sandbox.limits import Limits
+from codemill.metrics.push import worker_pusher, worker_target
 
 LOCAL = "local"
 EngineFactory = Callable[[str], RolloutEngine]
@@ -41,7 +42,9 @@ class RolloutWorker:
     """One Ray actor's state: an engine for the current policy folder and a judge pool (fails closed at start)."""
 
     def __init__(self, policy_dir: str, engine_factory: EngineFactory, limits: Limits | None, judge_workers: int,
-                 torch_threads: int | None) -> None:
+                 torch_threads: int | None, metrics_target: dict[str, str] | None = None, index: int = 0) -> None:
+        # first: the judge pool counts its slots in the registry this turns on
+        self.pusher = worker_pusher(metrics_target or {}, index)
         if torch_threads:
             import torch
 
@@ -60,14 +63,19 @@ class RolloutWorker:
                 params: RolloutParams, seed: int, batch_problems: int, overlap: bool,
                 reward_retries: int) -> tuple[list[dict[str, Any]], RolloutTimings]:
         self.load_weights(policy_dir)
-        return collect_rollouts(self.engine, problems, k, params, self.pool, seed, batch_problems=batch_problems,
-                                overlap=overlap, groups=groups, reward_retries=reward_retries)
+        out = collect_rollouts(self.engine, problems, k, params, self.pool, seed, batch_problems=batch_problems,
+                               overlap=overlap, groups=groups, reward_retries=reward_retries)
+        if self.pusher is not None:
+            self.pusher.push()  # the shard's counts, now rather than at the next interval
+        return out
 
     def pid(self) -> int:
         return os.getpid()
 
     def close(self) -> None:
         self.pool.close()
+        if self.pusher is not None:
+            self.pusher.finish()
 
 
 class RayRollouts:
@@ -92,8 +100,9 @@ class RayRollouts:
         self.policy_dir = str(policy_dir)
         actor = ray.remote(num_cpus=cpus_per_worker, num_gpus=gpus_per_worker, max_restarts=max_restarts,
                            max_task_retries=max_restarts)(RolloutWorker)
-        self.actors: list[Any] = [actor.remote(self.policy_dir, engine_factory, limits, judge_workers, torch_threads)
-                       for _ in range(workers)]
+        target = worker_target()  # the flow run's Pushgateway group, when it pushes metrics
+        self.actors: list[Any] = [actor.remote(self.policy_dir, engine_factory, limits, judge_workers, torch_threads,
+                                               target, i) for i in range(workers)]
         try:
             ray.get([a.pid.remote() for a in self.actors])  # every worker up (engine loaded, sandbox probed)
         except Exception:

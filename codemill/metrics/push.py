@@ -2,9 +2,9 @@
 the end, then marks the run finished (or deletes its group). A Pushgateway that does not answer never fails the
 work: one warning, and ``codemill_metrics_push_failures_total`` counts every failed push.
 
-Groups: ``{job, flow, flow_run}`` per run (``rank`` added for a torchrun rank), so runs never overwrite each
-other; and ``{job, flow}`` for the flow's last success and failure time, which outlives any run's group (the
-"no successful nightly in 26 h" alert reads it).
+Groups: ``{job, flow, flow_run}`` per run (``rank`` added for a torchrun rank, ``worker`` for a Ray rollout
+worker), so runs never overwrite each other; and ``{job, flow}`` for the flow's last success and failure time,
+which outlives any run's group (the "no successful nightly in 26 h" alert reads it).
 """
 
 from __future__ import annotations
@@ -113,6 +113,17 @@ class Only:
         return (f for f in self.registry.collect() if f.name.startswith(self.prefixes))
 
 
+ROLLOUT_METRICS = ("codemill_rollout_", "codemill_sandbox_", "codemill_metrics_push_failures")
+
+
+def _member_pusher(gateway: str, flow: str, flow_run: str, member: dict[str, str], prefixes: tuple[str, ...],
+                   interval_s: float) -> Pusher:
+    """A pusher, started, for a process that works for a flow run: the run's group plus ``member`` (its rank or
+    worker index), holding only the families it measures (``prefixes``), in a fresh registry it turns on."""
+    grouping = {"flow": flow, "flow_run": flow_run, **member}
+    return Pusher(gateway, Only(metrics.enable(fresh=True), prefixes), grouping, interval_s).start()
+
+
 def rank_pusher(rank: int, interval_s: float = 15.0) -> Pusher | None:
     """A torchrun rank's pusher, started, when its flow run pushes metrics (``child_env``); else None. Its group
     is the flow run's plus ``rank``, and holds the training metrics only."""
@@ -120,8 +131,22 @@ def rank_pusher(rank: int, interval_s: float = 15.0) -> Pusher | None:
     if not gateway or "/" not in run:
         return None
     flow, flow_run = run.split("/", 1)
-    grouping = {"flow": flow, "flow_run": flow_run, "rank": str(rank)}
-    return Pusher(gateway, Only(metrics.enable(fresh=True), TRAINING_METRICS), grouping, interval_s).start()
+    return _member_pusher(gateway, flow, flow_run, {"rank": str(rank)}, TRAINING_METRICS, interval_s)
+
+
+def worker_target() -> dict[str, str]:
+    """Where a Ray worker of this flow run pushes (empty when the run pushes nothing): handed to the worker as an
+    argument, since a Ray worker does not inherit the driver's environment."""
+    return dict(_target)
+
+
+def worker_pusher(target: dict[str, str], worker: int, interval_s: float = 15.0) -> Pusher | None:
+    """A Ray rollout worker's pusher, started (None when ``target`` is empty): the flow run's group plus
+    ``worker`` (its index, a small fixed set), holding the rollout and sandbox metrics it measures."""
+    if not target:
+        return None
+    return _member_pusher(target["gateway"], target["flow"], target["flow_run"], {"worker": str(worker)},
+                          ROLLOUT_METRICS, interval_s)
 
 
 @contextmanager

@@ -79,3 +79,28 @@ def test_ray_workers_give_the_single_process_rollouts(policies):
         assert ray.get(fleet.actors[0].pid.remote()) != pids[0]  # a fresh process
         _same(_local(second, 5), rows)
     assert not ray.is_initialized()
+
+
+def test_ray_workers_push_their_rollout_and_sandbox_metrics(policies, tmp_path):
+    """A Ray worker does not share the flow run's registry: it pushes its own counts to the run's group with its
+    index as ``worker``, and together they count every sample the run collected."""
+    from codemill.evals.rollout_ray import RayRollouts
+    from codemill.metrics.push import flow_metrics
+    from tests.integration.monitoring import running_monitoring
+
+    with running_monitoring(tmp_path, serve="127.0.0.1:9") as mon:
+        with flow_metrics(mon.pushgateway, "rl", "ray-metrics", interval_s=60), \
+                RayRollouts(policies[0], ray_address="local", workers=2, limits=LIMITS, judge_workers=1,
+                            ray_init=RAY_INIT) as fleet:
+            rows, _ = fleet.collect(_problems(), 2, PARAMS, seed=4, batch_problems=2)
+        per_worker = {str(w): 2 * len(shard) for w, shard in enumerate(([0, 1, 4], [2, 3]))}  # batches round-robin
+        run = 'flow_run="ray-metrics"'
+        # three groups scraped: the flow run's own and one per worker
+        mon.wait_for(f"count(codemill_rollout_samples_total{{{run}}})", lambda v: v.get("") == 3)
+        by_worker = mon.values(f"sum by (worker) (codemill_rollout_samples_total{{{run}}})", by="worker")
+        assert by_worker.pop("") == 0  # the driver generated nothing itself: no sample counted twice
+        assert {k: int(v) for k, v in by_worker.items()} == per_worker
+        verdicts = mon.values(f"sum(codemill_sandbox_verdicts_total{{{run}}})")
+        assert verdicts == {"": len(rows)} and len(rows) == 10
+        slots = mon.values(f"sum(codemill_sandbox_slots{{{run}}})")  # closed pools: no slot left open
+        assert slots == {"": 0.0}
