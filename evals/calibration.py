@@ -146,13 +146,17 @@ def metric_value(s: ItemScores) -> float:
     return float(s.values.sum() / s.weights.sum())
 
 
+def shared_metrics(per_seed: Sequence[Mapping[str, ItemScores]]) -> list[str]:
+    """The metrics every seed was scored on, in order."""
+    return sorted(set.intersection(*(set(s) for s in per_seed)))
+
+
 def calibrate(per_seed: Sequence[Mapping[str, ItemScores]]) -> dict[str, SeedNoise]:
     """Each metric all seeds were scored on: every seed's value and the RMS paired item SE over seed pairs."""
     if len(per_seed) < 2:
         raise ValueError(f"a calibration needs at least 2 seeds, got {len(per_seed)}")
-    metrics = sorted(set.intersection(*(set(s) for s in per_seed)))
     out: dict[str, SeedNoise] = {}
-    for name in metrics:
+    for name in shared_metrics(per_seed):
         scores = [s[name] for s in per_seed]
         ses = []
         for a, b in itertools.combinations(scores, 2):
@@ -166,8 +170,7 @@ def calibrate(per_seed: Sequence[Mapping[str, ItemScores]]) -> dict[str, SeedNoi
 def spread(per_seed: Sequence[Mapping[str, ItemScores]]) -> dict[str, SeedNoise]:
     """Each metric's between-seed spread of its value (no paired item SEs: only the variance is needed, and
     ``train.seeds`` may be large)."""
-    metrics = sorted(set.intersection(*(set(s) for s in per_seed)))
-    return {m: seed_noise(m, [metric_value(s[m]) for s in per_seed]) for m in metrics}
+    return {m: seed_noise(m, [metric_value(s[m]) for s in per_seed]) for m in shared_metrics(per_seed)}
 
 
 def _common(a: ItemScores, b: ItemScores):
@@ -226,9 +229,7 @@ def calibrated_metrics(payload: Mapping[str, Any], evaluate_config: Mapping[str,
     score other items, whose noise this is not)."""
     from codemill.evals import preset_noise as pn
 
-    now, then = pn.suite_digests(evaluate_config), payload.get("suite_digests") or {}
-    return {m: v for m, v in payload["metrics"].items()
-            if (suite := pn.SUITE_OF_METRIC.get(m)) is not None and now.get(suite) == then.get(suite)}
+    return pn.same_suite_settings(payload["metrics"], payload.get("suite_digests") or {}, evaluate_config)
 
 
 def gate_noise(store: ArtifactStore, champion_digest: str | None, evaluate_config: Mapping[str, Any],
@@ -272,13 +273,13 @@ def mean_scores(per_seed: Sequence[Mapping[str, ItemScores]]) -> dict[str, ItemS
     import numpy as np
 
     out: dict[str, ItemScores] = {}
-    for name in sorted(set.intersection(*(set(s) for s in per_seed))):
+    for name in shared_metrics(per_seed):
         scores = [s[name] for s in per_seed]
         common = scores[0].item_ids
         for sc in scores[1:]:
             common = np.intersect1d(common, sc.item_ids)
-        rows = [np.searchsorted(sc.item_ids, common, sorter=np.argsort(sc.item_ids)) for sc in scores]
-        rows = [np.argsort(sc.item_ids)[r] for sc, r in zip(scores, rows, strict=True)]
+        # each seed's row of every common item, in the (sorted) order of ``common``
+        rows = [np.intersect1d(common, sc.item_ids, return_indices=True)[2] for sc in scores]
         first = scores[0]
         out[name] = ItemScores(common, np.mean([sc.values[r] for sc, r in zip(scores, rows, strict=True)], axis=0),
                                first.weights[rows[0]], first.clusters[rows[0]], first.higher_is_better,

@@ -174,14 +174,12 @@ def noise_model(metric: str, item_se: float, noise: SeedNoise | None,
     candidate's own ``candidate_seeds`` seeds (``train.seeds``), whose mean is compared. With both, each
     training is charged its own recipe's variance, SE^2 = SE_item^2 + s_champion^2 + s_candidate^2 / N (the
     candidate may be a different recipe); with one, it stands for both."""
-    have = noise if noise is not None and noise.n_seeds >= 2 else None
-    run = run_noise if run_noise is not None and run_noise.n_seeds >= 2 else None
-    if have and run:
-        return NoiseModel(item_se, have.seed_var, have.n_seeds, 0.0, run.seed_var, run.n_seeds, candidate_seeds)
-    if have or run:
-        one = have or run
-        assert one is not None
-        return NoiseModel(item_se, one.seed_var, one.n_seeds, 0.0, candidate_seeds=candidate_seeds)
+    found = [n for n in (noise, run_noise) if n is not None and n.n_seeds >= 2]
+    if len(found) == 2:
+        champ, run = found
+        return NoiseModel(item_se, champ.seed_var, champ.n_seeds, 0.0, run.seed_var, run.n_seeds, candidate_seeds)
+    if found:
+        return NoiseModel(item_se, found[0].seed_var, found[0].n_seeds, 0.0, candidate_seeds=candidate_seeds)
     margin = uncalibrated_margin(metric) if default_margin is None else default_margin
     return NoiseModel(item_se, 0.0, 0, margin, candidate_seeds=candidate_seeds)
 

@@ -83,6 +83,15 @@ def suite_digests(evaluate_config: Mapping[str, Any]) -> dict[str, str]:
     return {s: suite_digest(evaluate_config, s) for s in sorted(set(SUITE_OF_METRIC.values()))}
 
 
+def same_suite_settings(metrics: Mapping[str, Any], measured_with: Mapping[str, str],
+                        evaluate_config: Mapping[str, Any]) -> dict[str, Any]:
+    """Those of ``metrics`` whose suite is configured now as it was when they were measured (``measured_with``:
+    suite -> ``suite_digest``): other suite settings score other items, whose noise this is not."""
+    now = suite_digests(evaluate_config)
+    return {m: v for m, v in metrics.items()
+            if (suite := SUITE_OF_METRIC.get(m)) is not None and now.get(suite) == measured_with.get(suite)}
+
+
 def noise_file(preset: str) -> str:
     return f"{preset}{NOISE_SUFFIX}"
 
@@ -100,11 +109,9 @@ def matching(presets: list[PresetNoise], recipe_key: str | None,
     measured (other suite settings score other items, whose noise this is not)."""
     if recipe_key is None:
         return None
-    now = suite_digests(evaluate_config)
     for p in presets:
         if p.metrics and p.recipe_key == recipe_key:
-            same = {m: n for m, n in p.metrics.items() if (suite := SUITE_OF_METRIC.get(m)) is not None
-                    and now.get(suite) == p.suite_digests.get(suite)}
+            same = same_suite_settings(p.metrics, p.suite_digests, evaluate_config)
             if same:
                 return p, same
     return None
