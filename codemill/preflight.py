@@ -44,15 +44,17 @@ class Needs:
 
 def needs_of(command: str, cfg: PipelineConfig, until: str = "evaluate") -> Needs:
     """The needs of ``command`` on ``cfg`` (``until`` for ``run``; ``evaluate`` uses the config's suites)."""
-    runs_humaneval = "humaneval" in cfg.evaluate.suites and not cfg.evaluate.humaneval.unsafe_no_sandbox
+    from codemill.evals import suites
+
+    sandboxed_suites = any(suites.get(s).uses_sandbox(cfg.evaluate) for s in cfg.evaluate.suites)
     if command == "run":
         trains = until in ("train", "evaluate")
-        return Needs(sandbox=until == "evaluate" and runs_humaneval, training=trains,
+        return Needs(sandbox=until == "evaluate" and sandboxed_suites, training=trains,
                      devices=(cfg.train.device,) if trains else ())
     if command == "calibrate":
-        return Needs(sandbox=runs_humaneval, training=True, devices=(cfg.train.device,))
+        return Needs(sandbox=sandboxed_suites, training=True, devices=(cfg.train.device,))
     if command == "evaluate":
-        return Needs(sandbox=runs_humaneval)
+        return Needs(sandbox=sandboxed_suites)
     if command == "problems":
         return Needs(sandbox=True)
     if command == "rl":

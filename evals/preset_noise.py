@@ -24,18 +24,16 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
 from codemill.evals.noise import SeedNoise, uncalibrated_margin
+from codemill.evals.suites import SUITE_OF_METRIC
 from codemill.hashing import digest_of
 
 NOISE_SUFFIX = ".noise.json"
-# Which suite's rows a gate metric is scored from.
-SUITE_OF_METRIC: dict[str, str] = {"val_bpb": "bpb", "completion_exact_match": "completion",
-                                   "completion_edit_similarity": "completion", "humaneval_pass_at_1": "humaneval"}
 FALSE_PROMOTION_RATE = 0.025  # a seed-only retrain exceeds one of the hold margins in at most this share of runs
 SD_CONFIDENCE = 0.95  # ... even when the true seed SD is at the upper end of this confidence interval
 
@@ -79,15 +77,17 @@ def suite_digest(evaluate_config: Mapping[str, Any], suite: str) -> str:
     return digest_of({"suite": evaluate_config.get(suite), "seed": evaluate_config.get("seed")})
 
 
-def suite_digests(evaluate_config: Mapping[str, Any]) -> dict[str, str]:
-    return {s: suite_digest(evaluate_config, s) for s in sorted(set(SUITE_OF_METRIC.values()))}
+def suite_digests(evaluate_config: Mapping[str, Any], suites: Iterable[str] | None = None) -> dict[str, str]:
+    """``suite_digest`` of each of ``suites`` (default: every registered suite)."""
+    names = sorted(set(SUITE_OF_METRIC.values()) if suites is None else set(suites))
+    return {s: suite_digest(evaluate_config, s) for s in names}
 
 
 def same_suite_settings(metrics: Mapping[str, Any], measured_with: Mapping[str, str],
                         evaluate_config: Mapping[str, Any]) -> dict[str, Any]:
     """Those of ``metrics`` whose suite is configured now as it was when they were measured (``measured_with``:
     suite -> ``suite_digest``): other suite settings score other items, whose noise this is not."""
-    now = suite_digests(evaluate_config)
+    now = suite_digests(evaluate_config, measured_with)
     return {m: v for m, v in metrics.items()
             if (suite := SUITE_OF_METRIC.get(m)) is not None and now.get(suite) == measured_with.get(suite)}
 

@@ -12,7 +12,7 @@ from prefect.runtime import flow_run
 from codemill import tags as T
 from codemill.config import PipelineConfig
 from codemill.evals.calibration import gate_noise, recipe_key
-from codemill.evals.preset_noise import SUITE_OF_METRIC
+from codemill.evals.suites import SUITE_OF_METRIC
 from codemill.flows.common import eval_results, execute, flow_result, flow_run_metrics, flow_run_url, open_flow_run
 from codemill.flows.hooks import record_failure_on_mlflow
 from codemill.flows.plan import config_recipe, plan_evaluations

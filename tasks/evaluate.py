@@ -11,9 +11,9 @@ from prefect import get_run_logger
 from codemill import metrics, progress
 from codemill import tags as T
 from codemill.config import EvalConfig
-from codemill.data.corpus import split_key
 from codemill.evals import humaneval as he
 from codemill.evals import suites
+from codemill.evals.suites.base import SuiteRun
 from codemill.hashing import sha256_file
 from codemill.lineage import Lineage
 from codemill.plan import StagePlan, file_input
@@ -22,8 +22,7 @@ from codemill.tasks.common import RunContext, StageResult, run_stage, stage_task
 from codemill.tasks.resolve_model import ResolvedModel
 
 STAGE = "evaluate"
-SUMMARY_KEYS = ("val_bpb", "completion_exact_match", "completion_edit_similarity", "humaneval_pass_at_1",
-                "humaneval_sampled_pass_at_")
+SUMMARY_KEYS = tuple(k for s in suites.REGISTRY.values() for k in s.summary_keys)
 
 
 def val_dataset(corpus: ArtifactRef) -> ArtifactRef:
@@ -38,7 +37,7 @@ def humaneval_dataset() -> ArtifactRef:
 
 def suite_data(suite: str, corpus: ArtifactRef | None) -> ArtifactRef:
     """What a suite reads: HumanEval's problems file, or the corpus (whose val split the text suites score)."""
-    if suite == "humaneval":
+    if suites.get(suite).data == "humaneval":
         return humaneval_dataset()
     if corpus is None:
         raise ValueError(f"suite {suite!r} needs a corpus (its val split)")
@@ -47,14 +46,14 @@ def suite_data(suite: str, corpus: ArtifactRef | None) -> ArtifactRef:
 
 def logged_dataset(suite: str, data: ArtifactRef) -> ArtifactRef:
     """The dataset the MLflow record names: the val split for the text suites, HumanEval as it is."""
-    return data if suite == "humaneval" else val_dataset(data)
+    return data if suites.get(suite).data == "humaneval" else val_dataset(data)
 
 
 def plan_suite(suite: str, cfg: EvalConfig, model: ArtifactRef, corpus: ArtifactRef | None,
                samples_file: str | None = None) -> StagePlan:
     """Digest over this suite's config (not the suite list), the model, the data, and (when scoring a samples
     file) its content: evaluations of one suite pair whenever these agree, whatever else ran beside them."""
-    config = {"suite": getattr(cfg, suite).digest_config(), "bootstrap_samples": cfg.bootstrap_samples,
+    config = {"suite": suites.get(suite).config(cfg).digest_config(), "bootstrap_samples": cfg.bootstrap_samples,
               "confidence": cfg.confidence, "seed": cfg.seed}
     inputs = {"model": model, "data": suite_data(suite, corpus)}
     if samples_file:
@@ -76,7 +75,7 @@ def _record(store: ArtifactStore, suite: str, model: ResolvedModel, data: Artifa
     def record(lineage: Lineage, run_id: str, m: Manifest) -> dict[str, Any]:
         lineage.log_eval(run_id, model.model_id, data, metrics_of(m.stats), dataset_name=data.name)
         lineage.tag(run_id, {T.MODEL_ID: model.model_id, T.SUITE: suite, T.MODEL_DIGEST: model.ref.digest})
-        if suite == "humaneval" and m.stats.get("unsafe_no_sandbox"):
+        if m.stats.get("unsafe_no_sandbox"):
             lineage.tag(run_id, {T.UNSAFE_NO_SANDBOX: "true"})
         if m.stats.get("sandbox"):
             lineage.tag(run_id, {T.sandbox(k): v for k, v in m.stats["sandbox"].items()})
@@ -84,11 +83,6 @@ def _record(store: ArtifactStore, suite: str, model: ResolvedModel, data: Artifa
         lineage.log_artifact(run_id, rows, "rows")
         return {"model_id": model.model_id}
     return record
-
-
-def _clusters(store: ArtifactStore, corpus: ArtifactRef, val) -> list[str]:
-    unit = store.read_manifest(corpus).config.get("split_unit", "repository")
-    return [split_key(r, p, unit) for r, p in zip(val["repo"], val["path"], strict=True)]
 
 
 @stage_task("evaluate", task_run_name="evaluate-{plan.name}")
@@ -101,15 +95,7 @@ def evaluate_suite_task(plan: StagePlan, ctx: RunContext, cfg: EvalConfig, model
     def produce(w: ArtifactWriter, run_id: str) -> Manifest:
         started = time.perf_counter()
         progress.sink().stage(STAGE, f"{suite}: {model.ref.uri}")
-        if suite == "humaneval":
-            rows, summary = _humaneval(w, cfg, model, samples_file)
-        else:
-            corpus = plan.input("data")
-            val = suites.load_val_files(store.local_path(corpus), getattr(cfg, suite).max_files)
-            clusters = _clusters(store, corpus, val)
-            m = suites.load_eval_model(Path(model.hf_dir))
-            run = suites.run_bpb if suite == "bpb" else suites.run_completion
-            rows, summary = run(m, val, clusters, cfg)
+        rows, summary = suites.get(suite).run(_suite_run(store, plan, cfg, model, w))
         rows.write_parquet(w.path(suites.rows_file(suite)))
         logger.info("evaluate %s: %s", suite, metrics_of(summary))
         metrics.get().eval_suite_wall_seconds.labels(suite).set(time.perf_counter() - started)
@@ -123,17 +109,15 @@ def evaluate_suite_task(plan: StagePlan, ctx: RunContext, cfg: EvalConfig, model
                      system_metrics=True)
 
 
-def _humaneval(w: ArtifactWriter, cfg: EvalConfig, model: ResolvedModel, samples_file: str | None):
-    problems = he.load_problems()
-    if cfg.humaneval.max_problems:
-        problems = dict(list(problems.items())[: cfg.humaneval.max_problems])
-    with suites.humaneval_pool(cfg) as pool:  # probes first: fail closed before generating anything
-        if samples_file:
-            samples = [{**s, "mode": "greedy"} for s in he.read_samples(samples_file)]
-        else:
-            samples = suites.humaneval_samples(suites.load_eval_model(Path(model.hf_dir)), problems, cfg)
-        he.write_samples(w.path("samples.jsonl"), samples)
-        return suites.score_humaneval(samples, problems, cfg, pool)
+def _suite_run(store: ArtifactStore, plan: StagePlan, cfg: EvalConfig, model: ResolvedModel,
+               w: ArtifactWriter) -> SuiteRun:
+    data = plan.input("data")
+    run = SuiteRun(cfg=cfg, hf_dir=Path(model.hf_dir), path=w.path,
+                   samples_file=plan.inputs["samples"].uri if "samples" in plan.inputs else None)
+    if data.stage == "ingest":  # a val suite: the corpus, whose split unit clusters its files
+        run.corpus_dir = store.local_path(data)
+        run.split_unit = store.read_manifest(data).config.get("split_unit", "repository")
+    return run
 
 
 def load_rows(ctx: RunContext, result: StageResult) -> Any:

@@ -16,6 +16,7 @@ from codemill.evals import preset_noise as pn
 from codemill.evals.calibration import calibrate, calibrate_command, mean_scores, recipe_key, recipe_of_plans
 from codemill.evals.gate import GateMetric, ItemScores, gate
 from codemill.evals.noise import UNCALIBRATED_MARGINS, SeedNoise, noise_model, seed_noise
+from codemill.evals.suites import SUITE_OF_METRIC
 from codemill.flows.plan import config_recipe
 from codemill.plan import StagePlan
 
@@ -174,7 +175,9 @@ def test_every_preset_ships_a_measurement_of_its_current_config(name):
     cfg = load_preset(name)
     recipe = config_recipe(cfg)
     assert shipped.recipe_key == recipe_key(recipe), f"{name}: the preset's recipe changed since its noise was measured"
-    assert shipped.suite_digests == pn.suite_digests(cfg.evaluate.digest_config()), f"{name}: suite config changed"
+    now = pn.suite_digests(cfg.evaluate.digest_config(), shipped.suite_digests)
+    assert shipped.suite_digests == now, f"{name}: suite config changed"
+    assert {SUITE_OF_METRIC[m] for m in shipped.metrics} <= set(shipped.suite_digests)
     assert shipped.train == recipe["train"]["config"]
     if shipped.measured is None:
         assert shipped.reason and not shipped.metrics

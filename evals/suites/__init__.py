@@ -1,0 +1,37 @@
+"""The eval suites, by name. A suite is one module here that defines ``SUITE`` (``base.Suite``), a config
+section ``EvalConfig.<name>`` with its name in ``config.SuiteName``, and one line in ``REGISTRY`` below; the
+evaluate stage, the gate, ``codemill compare`` and the seed-noise calibration find it through this registry."""
+
+from __future__ import annotations
+
+import polars as pl
+
+from codemill.evals.gate import ItemScores
+from codemill.evals.suites import bpb, completion, humaneval
+from codemill.evals.suites.base import EvalModel, Metric, Suite, SuiteRun, load_eval_model, load_val_files
+
+REGISTRY: dict[str, Suite] = {s.name: s for s in (bpb.SUITE, completion.SUITE, humaneval.SUITE)}
+SUITE_VERSIONS: dict[str, str] = {name: s.code_version for name, s in REGISTRY.items()}
+# Which suite's rows a gate metric is scored from.
+SUITE_OF_METRIC: dict[str, str] = {m.name: s.name for s in REGISTRY.values() for m in s.metrics}
+
+__all__ = ["REGISTRY", "SUITE_OF_METRIC", "SUITE_VERSIONS", "EvalModel", "Metric", "Suite", "SuiteRun", "get",
+           "item_scores", "load_eval_model", "load_val_files", "rows_file"]
+
+
+def get(name: str) -> Suite:
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise ValueError(f"unknown suite {name!r}; known: {', '.join(REGISTRY)}") from None
+
+
+def rows_file(suite: str) -> str:
+    """Where an evaluate artifact keeps its per-item rows (relative to the artifact): the gate, the lineage
+    comparison and the MLflow run all read this one file."""
+    return f"rows/{suite}.parquet"
+
+
+def item_scores(suite: str, rows: pl.DataFrame) -> dict[str, ItemScores]:
+    """The gate's view of a suite's rows: metric -> per-item scores."""
+    return get(suite).item_scores(rows)

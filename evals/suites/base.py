@@ -1,0 +1,133 @@
+"""What every eval suite shares: the suite record the registry holds, the inputs a run gets, the model loader.
+
+A suite is pure logic: given a ``SuiteRun`` (its config, a lazily loaded model, the val split or HumanEval, a
+place for extra files) it returns per-item rows and a summary. Rows carry ``item_id`` and ``cluster`` (items
+that share a cluster are not independent: files of one split unit, samples of one problem), which the CIs and
+the gate respect. Prefect, the store and MLflow stay in ``tasks/evaluate.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+import polars as pl
+
+from codemill.config import EvalConfig, StageConfig
+from codemill.data.corpus import read_split, split_key
+from codemill.evals.gate import ItemScores
+from codemill.evals.stats import bootstrap_ratio_ci
+
+if TYPE_CHECKING:  # torch and the model code load only when a model is evaluated, not on a no-change rerun
+    import torch
+    from transformers import PreTrainedTokenizerBase
+
+SuiteData = Literal["val", "humaneval"]  # what a suite reads: the corpus's val split, or HumanEval's problems
+Rows = tuple[pl.DataFrame, dict[str, Any]]
+
+
+@dataclass
+class EvalModel:
+    model: torch.nn.Module
+    tokenizer: PreTrainedTokenizerBase  # a transformers fast tokenizer
+    device: torch.device
+
+    @property
+    def bos_id(self) -> int:
+        tok = self.tokenizer
+        return tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
+
+
+def load_eval_model(hf_dir: Path, device: torch.device | None = None) -> EvalModel:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    tok = AutoTokenizer.from_pretrained(str(hf_dir))
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    model: torch.nn.Module = AutoModelForCausalLM.from_pretrained(str(hf_dir))
+    model = model.to(device).eval()
+    return EvalModel(model, tok, device)
+
+
+def load_val_files(corpus_dir: Path, max_files: int | None) -> pl.DataFrame:
+    val = read_split(corpus_dir, "val").sort(["repo", "path"])
+    if val.height == 0:
+        raise ValueError(f"{corpus_dir}: the val split is empty; raise ingest.val_fraction or add sources")
+    return val.head(max_files) if max_files else val
+
+
+@dataclass
+class SuiteRun:
+    """One suite's run on one model: what it may read and where it may write besides its rows."""
+
+    cfg: EvalConfig
+    hf_dir: Path
+    path: Callable[[str], Path]  # a file in the artifact being written (its folders made): a suite's extra files
+    corpus_dir: Path | None = None  # val suites: the corpus artifact
+    split_unit: str = "repository"  # the corpus's split unit: val files of one unit share a cluster
+    samples_file: str | None = None  # humaneval: score this samples JSONL instead of generating
+    loader: Callable[[Path], EvalModel] = load_eval_model
+
+    @cached_property
+    def model(self) -> EvalModel:
+        return self.loader(self.hf_dir)
+
+    def val(self, max_files: int | None) -> tuple[pl.DataFrame, list[str]]:
+        """The first ``max_files`` val files (sorted by path) and each one's cluster (its split unit)."""
+        if self.corpus_dir is None:
+            raise ValueError("this suite reads the val split but the run has no corpus")
+        val = load_val_files(self.corpus_dir, max_files)
+        return val, [split_key(r, p, self.split_unit) for r, p in zip(val["repo"], val["path"], strict=True)]
+
+
+@dataclass(frozen=True)
+class Metric:
+    """A metric a suite reports: its direction, and whether its items are 0/1 (exact tests for the gate)."""
+
+    name: str
+    higher_is_better: bool = True
+    binary: bool = False
+
+
+@dataclass(frozen=True)
+class Suite:
+    """One registered suite. ``metrics`` are those the gate can test (from ``item_scores``); ``logged`` are the
+    summary-key prefixes recorded on the evaluation run (the metrics, plus e.g. sampled pass@k)."""
+
+    name: str
+    code_version: str
+    data: SuiteData
+    run: Callable[[SuiteRun], Rows]
+    item_scores: Callable[[pl.DataFrame], dict[str, ItemScores]]
+    metrics: tuple[Metric, ...]
+    logged: tuple[str, ...] = ()
+    uses_sandbox: Callable[[EvalConfig], bool] = field(default=lambda cfg: False)
+
+    def config(self, cfg: EvalConfig) -> StageConfig:
+        """This suite's section of the evaluate config (``evaluate.<name>``)."""
+        section: StageConfig = getattr(cfg, self.name)
+        return section
+
+    @property
+    def summary_keys(self) -> tuple[str, ...]:
+        return tuple(m.name for m in self.metrics) + self.logged
+
+
+def ci(values: np.ndarray, weights: np.ndarray, clusters: np.ndarray, cfg: EvalConfig, name: str) -> dict:
+    """The suite summary's point estimate and bootstrap CI of one metric (cluster-resampled)."""
+    est = bootstrap_ratio_ci(values, weights, clusters, samples=cfg.bootstrap_samples,
+                             confidence=cfg.confidence, seed=cfg.seed)
+    return est.as_dict(name)
+
+
+def scores(rows: pl.DataFrame, metric: Metric, column: str, weights: np.ndarray | None = None) -> ItemScores:
+    """The gate's view of one per-item column."""
+    return ItemScores(rows["item_id"].to_numpy(), rows[column].to_numpy().astype(np.float64),
+                      np.ones(rows.height) if weights is None else weights, rows["cluster"].to_numpy(),
+                      metric.higher_is_better, binary=metric.binary)

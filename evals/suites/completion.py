@@ -1,0 +1,44 @@
+"""Next-line completion on the val split (``evals.completion`` builds the items and scores a line)."""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+
+from codemill.evals import completion as comp
+from codemill.evals.gate import ItemScores
+from codemill.evals.suites.base import Metric, Rows, Suite, SuiteRun, ci, scores
+
+EXACT = Metric("completion_exact_match", binary=True)
+EDIT = Metric("completion_edit_similarity")
+
+
+def run(r: SuiteRun) -> Rows:
+    from codemill.evals.generate import SamplingParams, generate
+
+    cfg, m = r.cfg, r.model
+    sc = cfg.completion
+    val, clusters = r.val(sc.max_files)
+    files = [(f"{rp}/{p}", c, t) for rp, p, c, t in zip(val["repo"], val["path"], clusters, val["content"],
+                                                        strict=True)]
+    items = comp.make_items(files, cfg.seed)
+    if not items:
+        raise ValueError("no completion items: the val files have no lines to complete")
+    preds = generate(m.model, m.tokenizer, [it.prefix for it in items],
+                     SamplingParams(max_new_tokens=sc.max_new_tokens, stop=("\n",)), batch_size=sc.batch_size,
+                     max_context=sc.context_len, device=m.device, seed=cfg.seed)
+    em = np.array([comp.exact_match(p, it.target) for p, it in zip(preds, items, strict=True)])
+    es = np.array([comp.edit_similarity(p, it.target) for p, it in zip(preds, items, strict=True)])
+    rows = pl.DataFrame({"item_id": [it.item_id for it in items], "cluster": [it.cluster for it in items],
+                         "target": [it.target for it in items], "prediction": [p.strip() for p in preds],
+                         "exact_match": em, "edit_similarity": es})
+    cl, ones = rows["cluster"].to_numpy(), np.ones(len(items))
+    summary = {**ci(em, ones, cl, cfg, EXACT.name), **ci(es, ones, cl, cfg, EDIT.name), "items": len(items)}
+    return rows, summary
+
+
+def item_scores(rows: pl.DataFrame) -> dict[str, ItemScores]:
+    return {EXACT.name: scores(rows, EXACT, "exact_match"), EDIT.name: scores(rows, EDIT, "edit_similarity")}
+
+
+SUITE = Suite("completion", comp.COMPLETION_CODE_VERSION, "val", run, item_scores, (EXACT, EDIT))
