@@ -11,7 +11,8 @@ import torch
 from mlflow import MlflowClient
 from prefect.settings import PREFECT_TASKS_REFRESH_CACHE, temporary_settings
 
-from codemill.evals.suites import EvalModel, load_eval_model, load_val_files, run_bpb
+from codemill.evals import suites
+from codemill.evals.suites import EvalModel, SuiteRun, load_eval_model, load_val_files
 from codemill.lineage import mlflow_digest
 from codemill.models.build import build_model
 from codemill.store import ArtifactRef, ArtifactStore
@@ -94,7 +95,7 @@ def test_loss_went_down(runs):
     assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 0.5
 
 
-def test_val_bpb_finite_and_better_than_untrained(runs):
+def test_val_bpb_finite_and_better_than_untrained(runs, tmp_path):
     cfg, first, _, _ = runs
     store = ArtifactStore(cfg.store_root)
     bpb = first["scores"]["val_bpb"]
@@ -104,10 +105,11 @@ def test_val_bpb_finite_and_better_than_untrained(runs):
     untrained = build_model(cfg.train.model, tok_stats["vocab_size"], tok_stats["seq_len"], tok_stats["eos_id"],
                             tok_stats["pad_id"], cfg.train.seed)
     trained = load_eval_model(store.local_path(_ref(first["stages"]["train"])) / "hf", torch.device("cpu"))
-    val = load_val_files(store.local_path(_ref(first["stages"]["ingest"])), cfg.evaluate.bpb.max_files)
-    clusters = [f"c{i}" for i in range(val.height)]
-    _, base = run_bpb(EvalModel(untrained.eval(), trained.tokenizer, torch.device("cpu")), val, clusters,
-                      cfg.evaluate)
+    corpus = store.local_path(_ref(first["stages"]["ingest"]))
+    val = load_val_files(corpus, cfg.evaluate.bpb.max_files)
+    base_model = EvalModel(untrained.eval(), trained.tokenizer, torch.device("cpu"))
+    _, base = suites.get("bpb").run(SuiteRun(cfg.evaluate, tmp_path, tmp_path.joinpath, corpus_dir=corpus,
+                                             loader=lambda _: base_model))
     assert bpb < base["val_bpb"] - 0.2, (bpb, base["val_bpb"])
     rows = store.local_path(_ref(first["stages"]["eval:bpb"])) / "rows" / "bpb.parquet"
     import polars as pl
