@@ -136,6 +136,39 @@ def summary_lines(out: Mapping[str, Any], wall_s: float) -> list[str]:
     return lines
 
 
+# The per-iteration columns of ``codemill rl``: (heading, row key, width, format). "signal" is the share of groups
+# whose rewards differ: GRPO learns only from those (the others have zero advantage).
+RL_COLUMNS = (("iter", "iteration", 4, "d"), ("reward", "reward_mean", 7, ".3f"),
+              ("pass", "pass_rate", 6, ".3f"), ("signal", "signal_groups", 7, ".2f"), ("kl", "kl", 8, ".4f"),
+              ("tokens", "response_tokens_mean", 7, ".1f"), ("gen s", "generation_s", 7, ".1f"),
+              ("reward s", "reward_s", 9, ".1f"), ("update s", "update_s", 9, ".1f"))
+LEARNABLE_SHARE_TARGET = 0.2
+
+
+def rl_summary_lines(out: Mapping[str, Any], wall_s: float) -> list[str]:
+    """``codemill rl``'s summary for an 80-column log: one row per iteration, the held-out pass rate before and
+    after with the CI of the gain, and one warning line when no group ever had a learnable signal."""
+    rows = out["iterations"]
+    lines = [f"codemill rl: {len(rows)} iterations in {wall_s:.1f}s", "",
+             "".join(f"{h:>{w}}" for h, _, w, _ in RL_COLUMNS)]
+    for r in rows:
+        lines.append("".join(f"{'-':>{w}}" if r.get(k) is None else f"{r[k]:>{w}{f}}" for _, k, w, f in RL_COLUMNS))
+    lines += textwrap.wrap(f"signal: share of groups whose rewards differ, what GRPO learns from (aim for >= "
+                           f"{LEARNABLE_SHARE_TARGET:.0%})", LOG_WIDTH, subsequent_indent="  ")
+    if rows and all(r.get("signal_groups") == 0 for r in rows):
+        lines.append("no learnable signal: every group had equal rewards (try rl.warm_start or an easier set)")
+    h = out["heldout"]
+    lines += ["", *textwrap.wrap(
+        f"held-out pass rate: {h['before']['rate']:.3f} -> {h['after']['rate']:.3f} (gain {h['gain']:+.3f}, "
+        f"95% CI [{h['gain_ci_low']:+.3f}, {h['gain_ci_high']:+.3f}], p={h['p_value']:.3g}, "
+        f"{h['problems']} problems)", LOG_WIDTH, subsequent_indent="  ")]
+    if out.get("gate"):
+        lines.append(f"gate: {out['gate']['verdict']}")
+    lines += textwrap.wrap(f"final policy: LoggedModel {out['model_id']}; MLflow parent run "
+                           f"{out['parent_run_id']}", LOG_WIDTH, subsequent_indent="  ")
+    return lines
+
+
 def calibrate_advice(command: str, stages: Mapping[str, Any]) -> str:
     """One line: what to run for a calibrated verdict and about how long it takes, estimated from what this
     run's training and evaluations cost (when they ran here)."""
