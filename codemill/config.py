@@ -347,6 +347,8 @@ class LatencySuiteConfig(StageConfig):
                                                       "or end of line): every prompt times the same work.")
     warmup_prompts: int = Field(2, ge=0, description="Untimed runs before the timed ones (the first prompts "
                                                      "again).")
+    threads: int | None = Field(None, ge=1, description="torch intra-op threads while timing (restored after); "
+                                "empty = the process's own. Part of the machine's identity.")
     label: str = Field("", description="Hashed with the machine's identity: set it (e.g. to the host name) to "
                                        "keep machines of one hardware class apart, or change it to measure again.")
 

@@ -24,10 +24,11 @@ No Prefect, no MLflow.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Any, Protocol, runtime_checkable
@@ -154,17 +155,32 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def machine_identity(label: str = "") -> dict[str, Any]:
+@contextlib.contextmanager
+def torch_threads(n: int | None) -> Iterator[None]:
+    """torch's intra-op threads set to ``n`` (None: unchanged) for the block, then restored."""
+    import torch
+
+    before = torch.get_num_threads()
+    if n is not None:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def machine_identity(label: str = "", threads: int | None = None) -> dict[str, Any]:
     """What a latency number is a property of besides the checkpoint, hashed into the latency suite's digest:
     the hardware class (CPU model, CPUs this process may use, the GPU the eval runs on), the threads torch uses
     and the software versions that run the model. Not the host name: two machines of one class measure the same
-    thing and share the result; ``label`` keeps hosts apart (or forces a new measurement) when that is wanted."""
+    thing and share the result; ``label`` keeps hosts apart (or forces a new measurement) when that is wanted.
+    ``threads``: the thread count the timing will set (None: the process's own)."""
     import torch
 
     cuda = torch.cuda.is_available()
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return {"label": label, "arch": platform.machine(), "cpu": cpu_model(), "cpus": cpus,
-            "threads": torch.get_num_threads(), "device": device_name("cuda") if cuda else "cpu",
+            "threads": threads or torch.get_num_threads(), "device": device_name("cuda") if cuda else "cpu",
             "torch": torch.__version__, "cuda": torch.version.cuda if cuda else None,
             "transformers": _version("transformers")}
 

@@ -50,22 +50,24 @@ def prompts(r: SuiteRun) -> tuple[list[comp.CompletionItem], list[list[int]]]:
 def plan_config(cfg: EvalConfig) -> dict[str, Any]:
     """The completion settings the prompts come from, and the machine the numbers will belong to."""
     return {"prompts_from": {"max_files": cfg.completion.max_files, "context_len": cfg.completion.context_len},
-            "machine": lat.machine_identity(cfg.latency.label)}
+            "machine": lat.machine_identity(cfg.latency.label, cfg.latency.threads)}
 
 
 def run(r: SuiteRun) -> Rows:
     lc = r.cfg.latency
-    here = lat.machine_identity(lc.label)
+    here = lat.machine_identity(lc.label, lc.threads)
     planned = r.planned.get("machine")
     if planned is not None and planned != here:
         raise RuntimeError(f"latency was planned for machine {planned} but runs on {here}: its number would be "
                            "stored under the wrong machine; plan and evaluate on the same machine")
     items, ids = prompts(r)
     probe = lat.HFLatencyProbe(r.model.model, r.model.device)
-    timed = lat.measure_prompts(probe, ids, lc.max_new_tokens, lc.warmup_prompts)
+    with lat.torch_threads(lc.threads):
+        timed = lat.measure_prompts(probe, ids, lc.max_new_tokens, lc.warmup_prompts)
+        info = probe.info()
     rows = pl.DataFrame([{"item_id": it.item_id, "cluster": it.cluster, **lat.item_row(t)}
                          for it, t in zip(items, timed, strict=True)])
-    summary = {**lat.summarize(timed), **probe.info(), "prompts": len(timed), "new_tokens": lc.max_new_tokens,
+    summary = {**lat.summarize(timed), **info, "prompts": len(timed), "new_tokens": lc.max_new_tokens,
                "warmup_prompts": lc.warmup_prompts, "batch_size": 1, "machine": here}
     return rows, summary
 
