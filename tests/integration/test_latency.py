@@ -76,8 +76,10 @@ def test_latency_suite_times_the_tokens_generate_would_decode_and_caches_per_mac
     assert s["latency_per_token_p95_ms"] >= s["latency_per_token_p50_ms"] > 0 and s["latency_tokens_per_s"] > 0
     # what it ran on is recorded, and the machine is what the digest hashed
     assert stats["engine"] == "transformers" and stats["engine_version"] and stats["torch"] == torch.__version__
-    assert stats["device"] == "cpu" and stats["dtype"] == "float32" and stats["threads"] >= 1
-    assert stats["batch_size"] == 1 and manifest.config["machine"] == stats["machine"] == lat.machine_identity()
+    lc = cfg.evaluate.latency
+    assert stats["device"] == "cpu" and stats["dtype"] == "float32" and stats["threads"] == lc.threads == 1
+    assert stats["batch_size"] == 1
+    assert manifest.config["machine"] == stats["machine"] == lat.machine_identity(lc.label, lc.threads)
     assert stage["summary"]["device"] == "cpu"
 
     # the timed loop decodes greedily what generate decodes (no stop: the same number of tokens)
