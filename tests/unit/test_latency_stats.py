@@ -142,3 +142,19 @@ def test_a_missing_decode_step_leaves_the_per_token_numbers_out():
     assert math.isnan(row["per_token_mean_ms"]) and row["new_tokens"] == 1
     assert "latency_per_token_p50_ms" not in lat.summarize([lat.TimedGeneration(3, (5,), 100, ())])
     assert np.isfinite(lat.summarize([_timed(1, [1])])["latency_per_token_p95_ms"])
+
+
+def test_compare_reads_both_summaries_and_the_machine_from_the_paired_manifests():
+    from codemill.evals.compare import latency_side_by_side
+    from codemill.store import Manifest
+
+    def manifest(ttft: float) -> Manifest:
+        return Manifest(stage="evaluate", name="latency", digest="d" * 64, uri="u", code_version="v",
+                        config={"machine": {"cpu": "x"}},
+                        stats={**SCORES, "latency_ttft_p50_ms": ttft, "device": "cpu", "dtype": "float32",
+                               "engine": "transformers", "engine_version": "5", "threads": 1, "prompts": 8,
+                               "new_tokens": 16})
+
+    side = latency_side_by_side(manifest(2.0), manifest(4.0))
+    assert side["a"]["latency_ttft_p50_ms"] == 2.0 and side["b"]["latency_ttft_p50_ms"] == 4.0
+    assert side["on"]["device"] == "cpu" and side["prompts"] == 8 and side["new_tokens"] == 16
