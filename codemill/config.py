@@ -336,8 +336,25 @@ class HumanEvalSuiteConfig(StageConfig):
     batch_size: int = runtime_only(default=16, gt=0, description="Prompts per generation batch.")
 
 
-SuiteName = Literal["bpb", "completion", "humaneval"]
-SUITES: tuple[SuiteName, ...] = ("bpb", "completion", "humaneval")
+class LatencySuiteConfig(StageConfig):
+    """Serving latency at batch size 1 (``evals.latency``). The prompts are the completion suite's items
+    (``evaluate.completion.max_files`` val files, the eval seed's target lines) at its ``context_len``. The
+    digest also holds the machine (``evals.latency.machine_identity``): another machine measures again, a rerun
+    on the same one is a cache hit."""
+
+    prompts: int = Field(16, ge=1, description="Timed prompts, evenly spaced over the completion items.")
+    max_new_tokens: int = Field(32, ge=2, description="New tokens per prompt, always all of them (no stop at EOS "
+                                                      "or end of line): every prompt times the same work.")
+    warmup_prompts: int = Field(2, ge=0, description="Untimed runs before the timed ones (the first prompts "
+                                                     "again).")
+    threads: int | None = Field(None, ge=1, description="torch intra-op threads while timing (restored after); "
+                                "empty = the process's own. Part of the machine's identity.")
+    label: str = Field("", description="Hashed with the machine's identity: set it (e.g. to the host name) to "
+                                       "keep machines of one hardware class apart, or change it to measure again.")
+
+
+SuiteName = Literal["bpb", "completion", "humaneval", "latency"]
+SUITES: tuple[SuiteName, ...] = ("bpb", "completion", "humaneval", "latency")
 
 
 class EvalConfig(StageConfig):
@@ -345,6 +362,7 @@ class EvalConfig(StageConfig):
     bpb: BpbSuiteConfig = Field(default_factory=BpbSuiteConfig)
     completion: CompletionSuiteConfig = Field(default_factory=CompletionSuiteConfig)
     humaneval: HumanEvalSuiteConfig = Field(default_factory=HumanEvalSuiteConfig)
+    latency: LatencySuiteConfig = Field(default_factory=LatencySuiteConfig)
     bootstrap_samples: int = Field(1000, ge=100, description="Bootstrap resamples for the CIs.")
     confidence: float = Field(0.95, gt=0, lt=1, description="Level of the bootstrap confidence intervals "
                                                             "(0.95 = 95%).")
@@ -354,7 +372,8 @@ class EvalConfig(StageConfig):
 
 class GateMetricConfig(StageConfig):
     name: str = Field(description="Eval metric: val_bpb, completion_exact_match, completion_edit_similarity, "
-                                  "humaneval_pass_at_1.")
+                                  "humaneval_pass_at_1, latency_ttft_ms, latency_per_token_ms (milliseconds, "
+                                  "lower is better; margin in ms).")
     margin: float = Field(0.0, ge=0, description="Tolerated loss before a difference counts as a regression.")
     uncalibrated_margin: float | None = Field(
         None, ge=0, description="With no seed-noise calibration of the champion's config (codemill calibrate), "

@@ -42,7 +42,7 @@ def test_every_stage_ran_and_committed_a_manifest(runs):
     cfg, first, _, _ = runs
     store = ArtifactStore(cfg.store_root)
     assert list(first["stages"]) == ["ingest", "tokenizer", "tokenize", "train", "eval:bpb", "eval:completion",
-                                     "eval:humaneval"]
+                                     "eval:humaneval", "eval:latency"]
     for name, st in first["stages"].items():
         assert st["status"] == "ran", name
         ref = _ref(st)
