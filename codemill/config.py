@@ -418,6 +418,34 @@ class ProblemSourceConfig(StageConfig):
                                           "prefer environment credentials.")
 
 
+class AugmentConfig(StageConfig):
+    """HumanEval+-style test augmentation (EvalPlus): new inputs by type-aware mutation of the literal inputs in
+    each problem's tests, expected outputs from the reference solution in the sandbox, then reduction to the
+    inputs that kill mutants of the reference which the original tests miss (``codemill.evals.plus``)."""
+
+    seed: int = Field(0, description="Seed of the input mutation and of the mutant choice.")
+    max_inputs: int = Field(64, ge=1, le=1000, description="New inputs kept per problem before reduction.")
+    rounds: int = Field(3, ge=1, le=20, description="Mutation rounds: each mutates the seeds and the inputs kept "
+                                                    "so far, then runs the reference on its candidates at once.")
+    input_time_s: float = Field(1.0, gt=0, description="Time budget of the reference on one input: an input it "
+                                                       "exceeds (or raises on) is rejected as out of the domain.")
+    max_literal_chars: int = Field(1000, ge=16, description="Longest input or expected output, as Python source.")
+    max_mutants: int = Field(24, ge=0, le=500, description="Mutants of the reference per problem (reduction's "
+                                                           "yardstick).")
+    mutant_time_factor: float = Field(10.0, gt=1, description="A mutant's budget per input: this many times the "
+                                                              "reference's time on it ...")
+    mutant_min_time_s: float = Field(0.1, gt=0, description="... and at least this long.")
+    mutant_wall_s: float = Field(3.0, gt=0, description="Wall-clock limit of judging one mutant (a looping "
+                                                        "mutant costs this much).")
+    reduce: bool = Field(True, description="Keep only the inputs greedy set cover picks (false: all kept inputs).")
+    atol: float = Field(1e-6, ge=0, description="Absolute tolerance of float outputs (relative: 1e-7).")
+    wall_s: float = Field(10.0, gt=0, description="Wall-clock limit of one judged program (the check that the "
+                                                  "reference passes its augmented tests).")
+    cpu_s: int = Field(10, gt=0, description="CPU-time limit of one sandboxed program.")
+    memory_mb: int = Field(1024, gt=64, description="Address-space limit of one sandboxed program.")
+    workers: int | None = runtime_only(default=None, description="Parallel sandboxes; empty = CPU count.")
+
+
 class ProblemsConfig(StageConfig):
     """The executable problem set: read -> check -> verify references in the sandbox -> dedup -> decontaminate
     -> split."""
@@ -434,6 +462,16 @@ class ProblemsConfig(StageConfig):
     cpu_s: int = Field(10, gt=0, description="CPU-time limit of one reference run.")
     memory_mb: int = Field(1024, gt=64, description="Address-space limit of one reference run.")
     workers: int | None = runtime_only(default=None, description="Parallel sandboxes; empty = CPU count.")
+    augment: AugmentConfig | None = Field(
+        None, description="Strengthen the tests of every verified problem that has a reference (EvalPlus-style "
+        "augmentation, after verify; RL rewards and evaluation then judge with them); empty = off.")
+
+    def digest_config(self) -> dict[str, Any]:
+        """Without augmentation the digest is what it was before the option existed."""
+        out = super().digest_config()
+        if self.augment is None:
+            out.pop("augment")
+        return out
 
 
 class RolloutConfig(StageConfig):
