@@ -34,6 +34,7 @@ from codemill.evals.problems import ExecProblem
 
 PLUS_CODE_VERSION = "plus-v1"
 ORIGINAL_CHECK = "_plus_original_check"
+REFERENCE_TIMEOUTS = 3  # a round's candidates after this many slow ones are rejected unrun (a blow-up family)
 Judge = Callable[[list[tuple[ExecProblem, str]]], list[Any]]  # JudgePool.judge_all
 Say = Callable[[str], None]
 
@@ -112,6 +113,7 @@ def augment_problems(problems: Sequence[ExecProblem], cfg: AugmentConfig, runner
     _run_seeds(live, cfg, runner)
     for r in range(cfg.rounds):
         _round(live, cfg, runner, r)
+        say(f"mutation round {r + 1}/{cfg.rounds}: {sum(w.counts.kept for w in live)} inputs kept")
     say(f"kept {sum(w.counts.kept for w in live)} new inputs; running mutants")
     _kill_matrix(live, cfg, runner, eq)
     _original_kills(live, judge_mutants)
@@ -207,7 +209,8 @@ def _round(live: list[_Work], cfg: AugmentConfig, runner: BatchRunner, r: int) -
         if fresh:
             todo.append((w, fresh))
     results = runner.run_all([Batch(_source(w.problem), w.problem.entry_point, fresh,
-                                    [cfg.input_time_s] * len(fresh)) for w, fresh in todo])
+                                    [cfg.input_time_s] * len(fresh), max_timeouts=REFERENCE_TIMEOUTS)
+                              for w, fresh in todo])
     for (w, fresh), calls in zip(todo, results, strict=True):
         for args, c in zip(fresh, calls, strict=True):
             if c.status in ("raised", "crashed", "load_error"):

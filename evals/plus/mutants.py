@@ -18,6 +18,7 @@ import ast
 import copy
 import random
 from collections.abc import Callable, Iterator
+from typing import Any
 
 _CMP_BOUNDARY: dict[type[ast.cmpop], type[ast.cmpop]] = {
     ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt}
@@ -31,7 +32,7 @@ _ARITH: dict[type[ast.operator], type[ast.operator]] = {
 _CALL_SWAP: dict[str, str] = {"min": "max", "max": "min", "any": "all", "all": "any", "abs": "", "sorted": "",
                               "reversed": "list", "int": "", "round": ""}
 
-Edit = Callable[[ast.AST], ast.AST | None]  # mutate the node in place (None) or return its replacement
+Edit = Callable[[ast.AST], "ast.AST | list[ast.stmt] | None"]  # in place (None), or the node's replacement
 
 
 def _sites(node: ast.AST) -> Iterator[tuple[str, Edit]]:
@@ -71,7 +72,7 @@ def _sites(node: ast.AST) -> Iterator[tuple[str, Edit]]:
     elif isinstance(node, ast.Return) and isinstance(node.value, (ast.Compare, ast.BoolOp)):
         yield "return_negate", lambda n: ast.Return(ast.UnaryOp(ast.Not(), n.value))  # type: ignore[attr-defined]
     if isinstance(node, ast.If):
-        yield "if_drop", lambda n: n.orelse or [ast.Pass()]  # type: ignore[attr-defined, return-value]
+        yield "if_drop", lambda n: n.orelse or [ast.Pass()]  # type: ignore[attr-defined]
         yield "if_negate", _negate_test
     for name in ("body", "orelse", "finalbody"):
         block = getattr(node, name, None)
@@ -130,7 +131,7 @@ class _Replace(ast.NodeTransformer):
     def __init__(self, target: ast.AST, edit: Edit) -> None:
         self.target, self.edit = target, edit
 
-    def visit(self, node: ast.AST) -> ast.AST | list[ast.AST] | None:
+    def visit(self, node: ast.AST) -> Any:
         if node is self.target:
             new = self.edit(node)
             return node if new is None else new

@@ -26,8 +26,15 @@ from codemill.evals.sandbox.limits import Limits
 from codemill.evals.sandbox.runner import Sandbox
 from codemill.evals.sandbox.servers import Server, ServerDied
 from codemill.evals.sandbox.uids import LEASES
-from codemill.evals.sandbox.wire import BadData, ChannelClosed, ChannelTimeout, decode_value, encode_value, \
-    recv_frame, send_frame
+from codemill.evals.sandbox.wire import (
+    BadData,
+    ChannelClosed,
+    ChannelTimeout,
+    decode_value,
+    encode_value,
+    recv_frame,
+    send_frame,
+)
 
 LOAD_TIMEOUT_S = 10.0
 
