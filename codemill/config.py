@@ -580,6 +580,8 @@ class PipelineConfig(StageConfig):
     gate: GateConfig = Field(default_factory=GateConfig)
     problems: ProblemsConfig = Field(default_factory=ProblemsConfig, description="The executable "
                                      "problem set (`codemill problems`).")
+    augment: AugmentConfig = Field(default_factory=AugmentConfig, description="HumanEval+ tests: the augment "
+                                   "stage, built once per HumanEval file and config (evaluate.humaneval.plus).")
     rl: RLConfig = Field(default_factory=RLConfig, description="RL for code (`codemill rl`).")
     metrics: MetricsConfig = runtime_only(default_factory=MetricsConfig, description="Prometheus metrics: "
                                           "Pushgateway and /metrics (off by default).")

@@ -45,6 +45,7 @@ from codemill.evals.synthetic import SYNTHETIC_CODE_VERSION, synthetic_problems
 PROBLEMS_CODE_VERSION = f"problems-v2+{SYNTHETIC_CODE_VERSION}+{MINING_CODE_VERSION}"
 PROBLEMS_FILE = "problems.parquet"
 REJECTED_FILE = "rejected.parquet"
+AUGMENT_COUNTS_FILE = "augment_counts.parquet"  # with problems.augment: evals.plus counts per problem
 REQUIRED_FIELDS = ("task_id", "prompt", "entry_point", "test")
 REASONS = ("malformed", "reference_failed", "duplicate", "duplicate_id", "contaminated")
 PROBLEM_SCHEMA: dict[str, Any] = {
@@ -409,7 +410,7 @@ def build_problem_set(cfg: ProblemsConfig, out_dir: Path, judge: Judge | None,
     if augmented is not None:
         from codemill.evals.plus.artifact import write_counts
 
-        stats["augment"] = write_counts(out_dir, augmented)
+        stats["augment"] = write_counts(out_dir, augmented, AUGMENT_COUNTS_FILE)
     return stats
 
 
