@@ -332,6 +332,10 @@ class HumanEvalSuiteConfig(StageConfig):
     cpu_s: int = Field(10, gt=0, description="Seconds of CPU per program (RLIMIT_CPU).")
     memory_mb: int = Field(1024, gt=64, description="Address space per program, in MiB (RLIMIT_AS).")
     unsafe_no_sandbox: bool = Field(False, description="Run model code WITHOUT isolation. Logged on the run.")
+    plus: bool = runtime_only(default=True, description="Judge the greedy completions a second time against the "
+                              "augmented tests of the augment stage (humaneval_plus_pass_at_1). Not hashed as a "
+                              "setting: the evaluation's digest covers it through its input, the augmented "
+                              "artifact, and humaneval_pass_at_1 does not depend on it.")
     workers: int | None = runtime_only(default=None, description="Parallel sandboxes; empty = CPU count.")
     batch_size: int = runtime_only(default=16, gt=0, description="Prompts per generation batch.")
 
@@ -424,6 +428,9 @@ class AugmentConfig(StageConfig):
     inputs that kill mutants of the reference which the original tests miss (``codemill.evals.plus``)."""
 
     seed: int = Field(0, description="Seed of the input mutation and of the mutant choice.")
+    max_problems: int | None = Field(None, ge=1, description="First N problems of the file; empty = all. The "
+                                     "evaluation's augment step takes evaluate.humaneval.max_problems, so it "
+                                     "builds exactly the problems the suite judges.")
     max_inputs: int = Field(64, ge=1, le=1000, description="New inputs kept per problem before reduction.")
     rounds: int = Field(3, ge=1, le=20, description="Mutation rounds: each mutates the seeds and the inputs kept "
                                                     "so far, then runs the reference on its candidates at once.")

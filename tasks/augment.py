@@ -23,6 +23,12 @@ STAGE = "augment"
 NAME = "humaneval-plus"
 
 
+def evaluation_config(augment: AugmentConfig, max_problems: int | None) -> AugmentConfig:
+    """The augment settings the humaneval suite's tests come from: the ``augment`` section, on the problems the
+    suite judges (``evaluate.humaneval.max_problems``)."""
+    return augment.model_copy(update={"max_problems": max_problems})
+
+
 def plan_augment(cfg: AugmentConfig, problems_file: str | None = None) -> StagePlan:
     """Inputs: the HumanEval problem file (its content digest); config: the whole ``AugmentConfig`` less the
     runtime-only knobs."""
@@ -82,7 +88,7 @@ def augment_task(plan: StagePlan, ctx: RunContext, cfg: AugmentConfig) -> StageR
     logger = get_run_logger()
 
     def produce(w: ArtifactWriter, run_id: str) -> Manifest:
-        problems = list(load_problems(plan.input("humaneval").uri).values())
+        problems = list(load_problems(plan.input("humaneval").uri).values())[:cfg.max_problems]
         with augmenter(cfg)() as run:
             out, counts = run(problems, lambda msg: progress.sink().stage(STAGE, msg))
             isolation = run.isolation

@@ -51,15 +51,18 @@ def logged_dataset(suite: str, data: ArtifactRef) -> ArtifactRef:
 
 
 def plan_suite(suite: str, cfg: EvalConfig, model: ArtifactRef, corpus: ArtifactRef | None,
-               samples_file: str | None = None) -> StagePlan:
-    """Digest over this suite's config (not the suite list), the model, the data, and (when scoring a samples
-    file) its content: evaluations of one suite pair whenever these agree, whatever else ran beside them."""
+               samples_file: str | None = None, plus: ArtifactRef | None = None) -> StagePlan:
+    """Digest over this suite's config (not the suite list), the model, the data, (when scoring a samples
+    file) its content and (humaneval with ``plus``) the augmented tests: evaluations of one suite pair whenever
+    these agree, whatever else ran beside them."""
     s = suites.get(suite)
     config = {"suite": s.config(cfg).digest_config(), **s.plan_config(cfg),
               "bootstrap_samples": cfg.bootstrap_samples, "confidence": cfg.confidence, "seed": cfg.seed}
     inputs = {"model": model, "data": suite_data(suite, corpus)}
     if samples_file:
         inputs["samples"] = file_input("samples", samples_file)
+    if plus is not None:
+        inputs["plus"] = plus
     return StagePlan(stage=STAGE, name=suite, code_version=suites.SUITE_VERSIONS[suite], config=config,
                      inputs=inputs)
 
@@ -120,6 +123,8 @@ def _suite_run(store: ArtifactStore, plan: StagePlan, cfg: EvalConfig, model: Re
     data = plan.input("data")
     run = SuiteRun(cfg=cfg, hf_dir=Path(model.hf_dir), path=w.path,
                    samples_file=plan.inputs["samples"].uri if "samples" in plan.inputs else None, planned=plan.config)
+    if "plus" in plan.inputs:
+        run.plus_dir = store.local_path(plan.input("plus"))
     if data.stage == "ingest":  # a val suite: the corpus, whose split unit clusters its files
         run.corpus_dir = store.local_path(data)
         run.split_unit = store.read_manifest(data).config.get("split_unit", "repository")

@@ -72,6 +72,7 @@ class SuiteRun:
     corpus_dir: Path | None = None  # val suites: the corpus artifact
     split_unit: str = "repository"  # the corpus's split unit: val files of one unit share a cluster
     samples_file: str | None = None  # humaneval: score this samples JSONL instead of generating
+    plus_dir: Path | None = None  # humaneval with ``plus``: the augment artifact (augmented tests)
     loader: Callable[[Path], EvalModel] = load_eval_model
     planned: dict[str, Any] = field(default_factory=dict)  # the plan's hashed config (``Suite.plan_config`` included)
 

@@ -65,9 +65,9 @@ def test_an_evaluation_does_not_depend_on_which_other_suites_ran(tmp_path: Path)
 
 def test_until_keeps_a_prefix_of_the_same_steps(tmp_path: Path) -> None:
     full = _steps(tmp_path)
-    assert [s.key for s in full] == ["ingest", "tokenizer", "tokenize", "train", "eval:bpb", "eval:completion",
-                                     "eval:humaneval", "eval:latency"]
-    expected = {"ingest": 1, "tokenize": 3, "train": 4, "evaluate": 8}
+    assert [s.key for s in full] == ["ingest", "tokenizer", "tokenize", "train", "augment", "eval:bpb",
+                                     "eval:completion", "eval:humaneval", "eval:latency"]
+    expected = {"ingest": 1, "tokenize": 3, "train": 4, "evaluate": 9}
     for until in PHASES:
         prefix = _steps(tmp_path, until=until)
         assert [s.plan.digest for s in prefix] == [s.plan.digest for s in full[: expected[until]]]
@@ -83,6 +83,24 @@ def test_steps_chain_through_their_inputs(tmp_path: Path) -> None:
     assert steps["train"].inputs["tokens"] == store.ref_for(steps["tokenize"])
     assert steps["eval:bpb"].inputs == {"model": store.ref_for(steps["train"]), "data": store.ref_for(steps["ingest"])}
     assert steps["ingest"].input_digests == {"source.0.a": "f" * 64}
+
+
+def test_humaneval_plus_plans_the_augmented_tests_as_an_input_of_the_suite(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    steps = {s.key: s.plan for s in _steps(tmp_path)}
+    assert steps["eval:humaneval"].inputs["plus"] == store.ref_for(steps["augment"])
+    assert "plus" not in steps["eval:bpb"].inputs
+    assert steps["augment"].config["max_problems"] == load_preset("tiny").evaluate.humaneval.max_problems
+    other = load_preset("tiny")
+    other.augment.max_mutants += 1
+    changed = {s.key for s in _steps(tmp_path, other) if s.plan.digest != steps[s.key].digest}
+    assert changed == {"augment", "eval:humaneval"}
+    off = load_preset("tiny")
+    off.evaluate.humaneval.plus = False
+    plain = {s.key: s.plan for s in _steps(tmp_path, off)}
+    assert "augment" not in plain and "plus" not in plain["eval:humaneval"].inputs
+    assert plain["eval:humaneval"].digest != steps["eval:humaneval"].digest
+    assert plain["eval:bpb"].digest == steps["eval:bpb"].digest
 
 
 def test_a_config_change_reaches_exactly_the_stages_downstream_of_it(tmp_path: Path) -> None:
