@@ -39,7 +39,7 @@ def write_counts(out_dir: Path, counts: Sequence[Counts], name: str = COUNTS_FIL
 
 def augment_stats(counts: Sequence[Counts]) -> dict[str, Any]:
     rows = counts_rows(counts)
-    return {"problems": len(rows), "augmented": sum(not c.fallback for c in counts),
+    return {"problems": len(rows), "augmented": sum(c.new_cases > 0 and not c.fallback for c in counts),
             "fallback": {c.problem_id: c.fallback for c in counts if c.fallback},
             "reference_passes": sum(c.reference_passes for c in counts),
             "totals": {k: int(sum(r[k] for r in rows)) for k in TOTALS}}

@@ -8,11 +8,13 @@ For every problem with a reference solution:
    (counted by reason), and at most ``max_inputs`` are kept;
 3. mutants of the reference (``mutants``) run on the seeds and the kept inputs; the original tests judge every
    mutant (the real judge: what they kill is ground truth, not a guess from the seeds);
-4. reduction (``reduce.greedy_cover``): the fewest kept inputs that kill every mutant some kept input kills and
-   the original tests miss;
+4. reduction (``reduce.greedy_cover``): the fewest kept inputs that kill every mutant the kept inputs kill
+   together, whether or not the original tests kill it too (the new cases stand on their own, as EvalPlus's
+   reduced suites do; the original tests are kept as well);
 5. the augmented problem (``augmented_problem``): the original ``check`` and then the chosen cases; the judge
    confirms the reference passes it and counts the surviving mutants it kills. A problem whose reference fails
-   its augmented tests keeps its original tests (``fallback``), as does one with no seed inputs.
+   its augmented tests keeps its original tests (``fallback``), as does one with no seed inputs; one with no new
+   case keeps them unchanged.
 Every step runs batched over all problems, so the sandbox's workers stay busy.
 """
 
@@ -78,6 +80,7 @@ class _Work:
     kills: list[frozenset[int]] = field(default_factory=list)  # per input: the mutants it kills
     chosen: list[int] = field(default_factory=list)  # indices into inputs (new inputs only)
     killed_original: set[int] = field(default_factory=set)  # mutants the original tests fail
+    augmented: ExecProblem | None = None
 
 
 def augmented_problem(problem: ExecProblem, cases: Sequence[tuple[tuple[Any, ...], Any]], atol: float
@@ -120,24 +123,22 @@ def augment_problems(problems: Sequence[ExecProblem], cfg: AugmentConfig, runner
     for w in live:
         new = list(range(w.n_seeds, len(w.inputs)))
         if cfg.reduce:
-            picked = greedy_cover([w.kills[i] for i in new], w.killed_original)
+            picked = greedy_cover([w.kills[i] for i in new])
             w.chosen = sorted(new[i] for i in picked)
         else:
             w.chosen = new
         w.counts.new_cases = len(w.chosen)
     say(f"reduced to {sum(w.counts.new_cases for w in live)} new cases; verifying in the judge")
-    out = {w.problem.problem_id: w.problem for w in work}
-    augmented = {w.problem.problem_id: augmented_problem(w.problem, [(w.inputs[i], w.outputs[i]) for i in w.chosen],
-                                                         cfg.atol) for w in live}
-    verdicts = judge([(augmented[w.problem.problem_id], w.problem.reference_solution or "") for w in live])
+    for w in live:
+        w.augmented = augmented_problem(w.problem, [(w.inputs[i], w.outputs[i]) for i in w.chosen], cfg.atol)
+    verdicts = judge([(w.augmented or w.problem, w.problem.reference_solution or "") for w in live])
     for w, v in zip(live, verdicts, strict=True):
         w.counts.reference_passes = bool(v.passed)
-        if v.passed:
-            out[w.problem.problem_id] = augmented[w.problem.problem_id]
-        else:
+        if not v.passed:
             w.counts.fallback = f"reference fails its augmented tests: {v.error}"[:300]
-    _augmented_kills(live, augmented, judge_mutants)
-    return [out[p.problem_id] for p in problems], [w.counts for w in work]
+    _augmented_kills(live, judge_mutants)
+    return [w.augmented if w.augmented is not None and w.chosen and not w.counts.fallback else w.problem
+            for w in work], [w.counts for w in work]
 
 
 def _start(w: _Work) -> bool:
@@ -280,11 +281,11 @@ def _original_kills(live: list[_Work], judge_mutants: Judge) -> None:
         w.counts.killed_by_original = len(w.killed_original)
 
 
-def _augmented_kills(live: list[_Work], augmented: dict[str, ExecProblem], judge_mutants: Judge) -> None:
+def _augmented_kills(live: list[_Work], judge_mutants: Judge) -> None:
     """Mutants the original tests miss, judged on the augmented tests (those they kill, the augmented tests kill
     too: they run the original check first)."""
     items = [(w, m) for w in live for m in range(len(w.mutants)) if m not in w.killed_original]
-    verdicts = judge_mutants([(augmented[w.problem.problem_id], _completion(w.mutants[m])) for w, m in items]
+    verdicts = judge_mutants([(w.augmented or w.problem, _completion(w.mutants[m])) for w, m in items]
                              ) if items else []
     for w in live:
         w.counts.killed_by_augmented = w.counts.killed_by_original

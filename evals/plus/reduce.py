@@ -1,8 +1,8 @@
 """Test-suite reduction (EvalPlus section 2.2): the fewest new inputs that kill what all of them kill.
 
 Set cover is NP-hard; the greedy rule (take the input that kills the most mutants not yet killed, ties to the
-earliest input) is within a log factor of the optimum and is what EvalPlus uses. Mutants the kept tests
-already kill (the original tests) are covered before any new input is chosen.
+earliest input) is within a log factor of the optimum and is what EvalPlus uses. ``covered`` names mutants
+that need no new input (e.g. those other tests already kill).
 """
 
 from __future__ import annotations
