@@ -17,12 +17,13 @@ from prefect.runtime import flow_run
 from codemill.config import AugmentConfig, PipelineConfig, ProblemsConfig, ProblemSourceConfig
 from codemill.evals.humaneval import execute, load_problems, problems_file
 from codemill.evals.plus.artifact import COUNTS_FILE, read_augmented, read_counts
-from codemill.evals.problem_sets import build_problem_set, read_problem_set
+from codemill.evals.problem_sets import read_problem_set
+from codemill.evals.problems import ExecProblem
 from codemill.evals.sandbox import Limits
 from codemill.evals.sandbox.judge_pool import JudgePool
 from codemill.flows.common import open_flow_run, run_stage_task
-from codemill.store import ArtifactStore
-from codemill.tasks.augment import augment_task, augmenter, plan_augment
+from codemill.store import ArtifactRef, ArtifactStore
+from codemill.tasks.augment import augment_task, plan_augment
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_harness")]
 
@@ -94,16 +95,29 @@ def test_canonical_passes_and_a_wrong_solution_fails_only_the_augmented_tests(bu
 
 def test_the_problems_stage_option_augments_verified_problems(tmp_path):
     rec = {"task_id": "file/0", "prompt": "def unique(l: list):\n    \"\"\"Sorted unique elements.\"\"\"\n",
-           "entry_point": "unique", "test": "def check(candidate):\n    assert candidate([3, 1, 3, 2]) == [1, 2, 3]\n",
+           "entry_point": "unique",
+           "test": "def check(candidate):\n    assert candidate([3, 1, 3, 2, 30]) == [1, 2, 3, 30]\n",
            "canonical_solution": "    return sorted(set(l))\n"}
+    from codemill.flows.problems import problems
+
     path = tmp_path / "p.jsonl"
     path.write_text(json.dumps(rec) + "\n")
-    cfg = ProblemsConfig(sources=[ProblemSourceConfig(kind="jsonl", path=str(path))], val_fraction=0.0,
-                         augment=SMALL)
-    assert "augment" in cfg.digest_config() and "augment" not in ProblemsConfig().digest_config()
-    with JudgePool(Limits(), workers=2) as pool, augmenter(SMALL)() as augment:
-        stats = build_problem_set(cfg, tmp_path / "out", pool.judge_all, augment=augment)
+    cfg = PipelineConfig(name=f"test-{tmp_path.name}", store_root=str(tmp_path / "store"),
+                         work_dir=str(tmp_path / "work"), mlflow_tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    full = SMALL.model_copy(update={"reduce": False})  # every kept input: some put an element out of hash order
+    cfg.problems = ProblemsConfig(sources=[ProblemSourceConfig(kind="jsonl", path=str(path))], val_fraction=0.0,
+                                  augment=full, workers=2)
+    assert "augment" in cfg.problems.digest_config() and "augment" not in ProblemsConfig().digest_config()
+    result = problems(config=cfg)["stages"]["problems"]
+    store = ArtifactStore(cfg.store_root)
+    art = store.local_path(ArtifactRef.model_validate(result["ref"]))
+    stats = store.read_manifest(ArtifactRef.model_validate(result["ref"])).stats
     assert stats["augment"]["augmented"] == 1 and stats["augment"]["reference_passes"] == 1
-    (p,) = read_problem_set(tmp_path / "out" / "problems.parquet")
-    assert "_plus_original_check" in p.tests and len(p.test_cases) >= 1
-    assert pl.read_parquet(tmp_path / "out" / "augment_counts.parquet").height == 1
+    (p,) = read_problem_set(art / "problems.parquet")
+    assert "_plus_original_check" in p.tests and len(p.test_cases) == 1 + stats["augment"]["totals"]["kept"]
+    assert pl.read_parquet(art / "augment_counts.parquet").height == 1
+    wrong = "    return list(set(l))\n"  # small ints iterate in order: the original test passes it
+    original = ExecProblem("file/0", rec["prompt"], "unique", rec["test"])
+    with JudgePool(Limits(), workers=1) as pool:
+        assert pool.judge_all([(original, wrong)])[0].passed
+        assert not pool.judge_all([(p, wrong)])[0].passed
