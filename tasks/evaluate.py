@@ -68,13 +68,17 @@ def metrics_of(stats: dict[str, Any]) -> dict[str, float]:
 
 
 def _summary(m: Manifest) -> dict[str, Any]:
-    return {"suite": m.stats["suite"], "model_id": m.stats["model_id"], **metrics_of(m.stats)}
+    """What the flow result keeps of an evaluation: its metrics, or why the suite skipped the model."""
+    skipped = {"skipped": m.stats["skipped"]} if m.stats.get("skipped") else {}
+    return {"suite": m.stats["suite"], "model_id": m.stats["model_id"], **skipped, **metrics_of(m.stats)}
 
 
 def _record(store: ArtifactStore, suite: str, model: ResolvedModel, data: ArtifactRef):
     def record(lineage: Lineage, run_id: str, m: Manifest) -> dict[str, Any]:
         lineage.log_eval(run_id, model.model_id, data, metrics_of(m.stats), dataset_name=data.name)
         lineage.tag(run_id, {T.MODEL_ID: model.model_id, T.SUITE: suite, T.MODEL_DIGEST: model.ref.digest})
+        if m.stats.get("skipped"):
+            lineage.tag(run_id, {T.SUITE_SKIPPED: str(m.stats["skipped"])[:5000]})
         if m.stats.get("unsafe_no_sandbox"):
             lineage.tag(run_id, {T.UNSAFE_NO_SANDBOX: "true"})
         if m.stats.get("sandbox"):
@@ -97,7 +101,10 @@ def evaluate_suite_task(plan: StagePlan, ctx: RunContext, cfg: EvalConfig, model
         progress.sink().stage(STAGE, f"{suite}: {model.ref.uri}")
         rows, summary = suites.get(suite).run(_suite_run(store, plan, cfg, model, w))
         rows.write_parquet(w.path(suites.rows_file(suite)))
-        logger.info("evaluate %s: %s", suite, metrics_of(summary))
+        if summary.get("skipped"):
+            logger.info("evaluate %s: skipped (%s)", suite, summary["skipped"])
+        else:
+            logger.info("evaluate %s: %s", suite, metrics_of(summary))
         metrics.get().eval_suite_wall_seconds.labels(suite).set(time.perf_counter() - started)
         return w.finish({**summary, "suite": suite, "model_id": model.model_id})
 
