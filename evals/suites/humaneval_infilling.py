@@ -63,7 +63,7 @@ def infill(m: EvalModel, tasks: list[inf.InfillTask], cfg: EvalConfig) -> list[s
                        seed=cfg.seed)
     out = [""] * len(tasks)
     for i, row in zip(order, new, strict=True):
-        out[i] = tok.decode(row, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        out[i] = str(tok.decode(row, skip_special_tokens=True, clean_up_tokenization_spaces=False))
     return out
 
 
