@@ -331,22 +331,11 @@ def rl(config: ConfigOpt = None, preset: PresetOpt = None, store: StoreOpt = Non
 
 
 def print_rl_summary(out: dict, wall_s: float) -> None:
-    table = Table(title=f"codemill rl: {len(out['iterations'])} iterations in {wall_s:.1f}s")
-    columns = ("iteration", "reward_mean", "pass_rate", "zero_variance_groups", "kl", "entropy", "clip_frac_high",
-               "response_tokens_mean", "generation_s", "reward_s", "update_s")
-    for col in columns:
-        table.add_column(col.replace("_", " "), justify="right")
-    for row in out["iterations"]:
-        table.add_row(*("-" if row.get(c) is None else f"{row[c]:.3g}" if isinstance(row[c], float) else
-                        str(row[c]) for c in columns))
-    console.print(table)
-    h = out["heldout"]
-    console.print(f"held-out pass rate: {h['before']['rate']:.3f} -> {h['after']['rate']:.3f} "
-                  f"(gain {h['gain']:+.3f}, 95% CI [{h['gain_ci_low']:+.3f}, {h['gain_ci_high']:+.3f}], "
-                  f"p={h['p_value']:.3g}, {h['problems']} problems)")
-    if out.get("gate"):
-        console.print(f"gate: {out['gate']['verdict']}")
-    console.print(f"final policy: LoggedModel {out['model_id']}; MLflow parent run {out['parent_run_id']}")
+    from rich.text import Text
+
+    from codemill.report import rl_summary_lines
+
+    console.print(Text("\n".join(rl_summary_lines(out, wall_s))))
 
 
 PROBLEM_COUNT_COLUMNS = ("read", "malformed", "reference_failed", "unverified", "duplicate", "contaminated", "kept",

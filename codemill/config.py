@@ -332,6 +332,10 @@ class HumanEvalSuiteConfig(StageConfig):
     cpu_s: int = Field(10, gt=0, description="Seconds of CPU per program (RLIMIT_CPU).")
     memory_mb: int = Field(1024, gt=64, description="Address space per program, in MiB (RLIMIT_AS).")
     unsafe_no_sandbox: bool = Field(False, description="Run model code WITHOUT isolation. Logged on the run.")
+    plus: bool = runtime_only(default=True, description="Judge the greedy completions a second time against the "
+                              "augmented tests of the augment stage (humaneval_plus_pass_at_1). Not hashed as a "
+                              "setting: the evaluation's digest covers it through its input, the augmented "
+                              "artifact, and humaneval_pass_at_1 does not depend on it.")
     workers: int | None = runtime_only(default=None, description="Parallel sandboxes; empty = CPU count.")
     batch_size: int = runtime_only(default=16, gt=0, description="Prompts per generation batch.")
 
@@ -360,8 +364,25 @@ class HumanEvalInfillingSuiteConfig(StageConfig):
     batch_size: int = runtime_only(default=16, gt=0, description="Prompts per generation batch.")
 
 
-SuiteName = Literal["bpb", "completion", "humaneval", "humaneval_infilling"]
-SUITES: tuple[SuiteName, ...] = ("bpb", "completion", "humaneval", "humaneval_infilling")
+class LatencySuiteConfig(StageConfig):
+    """Serving latency at batch size 1 (``evals.latency``). The prompts are the completion suite's items
+    (``evaluate.completion.max_files`` val files, the eval seed's target lines) at its ``context_len``. The
+    digest also holds the machine (``evals.latency.machine_identity``): another machine measures again, a rerun
+    on the same one is a cache hit."""
+
+    prompts: int = Field(16, ge=1, description="Timed prompts, evenly spaced over the completion items.")
+    max_new_tokens: int = Field(32, ge=2, description="New tokens per prompt, always all of them (no stop at EOS "
+                                                      "or end of line): every prompt times the same work.")
+    warmup_prompts: int = Field(2, ge=0, description="Untimed runs before the timed ones (the first prompts "
+                                                     "again).")
+    threads: int | None = Field(None, ge=1, description="torch intra-op threads while timing (restored after); "
+                                "empty = the process's own. Part of the machine's identity.")
+    label: str = Field("", description="Hashed with the machine's identity: set it (e.g. to the host name) to "
+                                       "keep machines of one hardware class apart, or change it to measure again.")
+
+
+SuiteName = Literal["bpb", "completion", "humaneval", "humaneval_infilling", "latency"]
+SUITES: tuple[SuiteName, ...] = ("bpb", "completion", "humaneval", "humaneval_infilling", "latency")
 
 
 class EvalConfig(StageConfig):
@@ -370,6 +391,7 @@ class EvalConfig(StageConfig):
     completion: CompletionSuiteConfig = Field(default_factory=CompletionSuiteConfig)
     humaneval: HumanEvalSuiteConfig = Field(default_factory=HumanEvalSuiteConfig)
     humaneval_infilling: HumanEvalInfillingSuiteConfig = Field(default_factory=HumanEvalInfillingSuiteConfig)
+    latency: LatencySuiteConfig = Field(default_factory=LatencySuiteConfig)
     bootstrap_samples: int = Field(1000, ge=100, description="Bootstrap resamples for the CIs.")
     confidence: float = Field(0.95, gt=0, lt=1, description="Level of the bootstrap confidence intervals "
                                                             "(0.95 = 95%).")
@@ -379,7 +401,9 @@ class EvalConfig(StageConfig):
 
 class GateMetricConfig(StageConfig):
     name: str = Field(description="Eval metric: val_bpb, completion_exact_match, completion_edit_similarity, "
-                                  "humaneval_pass_at_1, humaneval_infilling_pass_at_1.")
+                                  "humaneval_pass_at_1, humaneval_plus_pass_at_1, humaneval_infilling_pass_at_1, "
+                                  "latency_ttft_ms, latency_per_token_ms (milliseconds, lower is better; margin in "
+                                  "ms).")
     margin: float = Field(0.0, ge=0, description="Tolerated loss before a difference counts as a regression.")
     uncalibrated_margin: float | None = Field(
         None, ge=0, description="With no seed-noise calibration of the champion's config (codemill calibrate), "
@@ -425,6 +449,37 @@ class ProblemSourceConfig(StageConfig):
                                           "prefer environment credentials.")
 
 
+class AugmentConfig(StageConfig):
+    """HumanEval+-style test augmentation (EvalPlus): new inputs by type-aware mutation of the literal inputs in
+    each problem's tests, expected outputs from the reference solution in the sandbox, then reduction to the
+    inputs that kill mutants of the reference which the original tests miss (``codemill.evals.plus``)."""
+
+    seed: int = Field(0, description="Seed of the input mutation and of the mutant choice.")
+    max_problems: int | None = Field(None, ge=1, description="First N problems of the file; empty = all. The "
+                                     "evaluation's augment step takes evaluate.humaneval.max_problems, so it "
+                                     "builds exactly the problems the suite judges.")
+    max_inputs: int = Field(64, ge=1, le=1000, description="New inputs kept per problem before reduction.")
+    rounds: int = Field(3, ge=1, le=20, description="Mutation rounds: each mutates the seeds and the inputs kept "
+                                                    "so far, then runs the reference on its candidates at once.")
+    input_time_s: float = Field(1.0, gt=0, description="Time budget of the reference on one input: an input it "
+                                                       "exceeds (or raises on) is rejected as out of the domain.")
+    max_literal_chars: int = Field(1000, ge=16, description="Longest input or expected output, as Python source.")
+    max_mutants: int = Field(24, ge=0, le=500, description="Mutants of the reference per problem (reduction's "
+                                                           "yardstick).")
+    mutant_time_factor: float = Field(10.0, gt=1, description="A mutant's budget per input: this many times the "
+                                                              "reference's time on it ...")
+    mutant_min_time_s: float = Field(0.1, gt=0, description="... and at least this long.")
+    mutant_wall_s: float = Field(3.0, gt=0, description="Wall-clock limit of judging one mutant (a looping "
+                                                        "mutant costs this much).")
+    reduce: bool = Field(True, description="Keep only the inputs greedy set cover picks (false: all kept inputs).")
+    atol: float = Field(1e-6, ge=0, description="Absolute tolerance of float outputs (relative: 1e-7).")
+    wall_s: float = Field(10.0, gt=0, description="Wall-clock limit of one judged program (the check that the "
+                                                  "reference passes its augmented tests).")
+    cpu_s: int = Field(10, gt=0, description="CPU-time limit of one sandboxed program.")
+    memory_mb: int = Field(1024, gt=64, description="Address-space limit of one sandboxed program.")
+    workers: int | None = runtime_only(default=None, description="Parallel sandboxes; empty = CPU count.")
+
+
 class ProblemsConfig(StageConfig):
     """The executable problem set: read -> check -> verify references in the sandbox -> dedup -> decontaminate
     -> split."""
@@ -441,6 +496,16 @@ class ProblemsConfig(StageConfig):
     cpu_s: int = Field(10, gt=0, description="CPU-time limit of one reference run.")
     memory_mb: int = Field(1024, gt=64, description="Address-space limit of one reference run.")
     workers: int | None = runtime_only(default=None, description="Parallel sandboxes; empty = CPU count.")
+    augment: AugmentConfig | None = Field(
+        None, description="Strengthen the tests of every verified problem that has a reference (EvalPlus-style "
+        "augmentation, after verify; RL rewards and evaluation then judge with them); empty = off.")
+
+    def digest_config(self) -> dict[str, Any]:
+        """Without augmentation the digest is what it was before the option existed."""
+        out = super().digest_config()
+        if self.augment is None:
+            out.pop("augment")
+        return out
 
 
 class RolloutConfig(StageConfig):
@@ -549,6 +614,8 @@ class PipelineConfig(StageConfig):
     gate: GateConfig = Field(default_factory=GateConfig)
     problems: ProblemsConfig = Field(default_factory=ProblemsConfig, description="The executable "
                                      "problem set (`codemill problems`).")
+    augment: AugmentConfig = Field(default_factory=AugmentConfig, description="HumanEval+ tests: the augment "
+                                   "stage, built once per HumanEval file and config (evaluate.humaneval.plus).")
     rl: RLConfig = Field(default_factory=RLConfig, description="RL for code (`codemill rl`).")
     metrics: MetricsConfig = runtime_only(default_factory=MetricsConfig, description="Prometheus metrics: "
                                           "Pushgateway and /metrics (off by default).")

@@ -76,16 +76,23 @@ def gate_noise_table(gate: Mapping[str, Any]) -> list[str]:
 LOG_WIDTH = 80
 
 
+def unit_of(metric: str) -> str:
+    """The unit a metric's values are in, by its name (``_ms``: milliseconds); "" for scores and rates."""
+    return " ms" if metric.endswith("_ms") else ""
+
+
 def metric_lines(m: Mapping[str, Any], a: str = "candidate", b: str = "champion") -> list[str]:
     """One gate metric as six lines under 80 columns (for logs and terminals; --json has everything)."""
+    u = unit_of(m["metric"])
+    direction = f"+ = {a} better" + ("; ms, lower is faster" if u else "")
     seed = (f"seed SD {m['seed_sd']:.4f} ({m['n_seeds']} seeds)" if m.get("calibrated")
             else f"uncalibrated (hold below {m.get('hold_margin', 0.0):.3g})")
     if m.get("candidate_seeds", 1) > 1:
         own = m.get("candidate_seed_sd")
         seed += f"; {a}: mean of {m['candidate_seeds']}" + (f", SD {own:.4f}" if own is not None else "")
     df = f"   df {m['df']:.1f}" if m.get("df") else ""
-    return [f"{m['metric']} (+ = {a} better)",
-            f"  {a} {m['candidate']:.4f}   {b} {m['champion']:.4f}   diff {m['diff']:+.4f}",
+    return [f"{m['metric']} ({direction})",
+            f"  {a} {m['candidate']:.4f}{u}   {b} {m['champion']:.4f}{u}   diff {m['diff']:+.4f}{u}",
             f"  95% CI [{m['ci_low']:+.4f}, {m['ci_high']:+.4f}]   SE total {m['se']:.4f}{df}",
             f"  SE item {m.get('se_item', m['se']):.4f}   {seed}",
             f"  p worse {m['p_regression']:.3g} (Holm {m['p_regression_holm']:.3g})   p better "
@@ -104,9 +111,43 @@ def comparison_text(result: Mapping[str, Any]) -> str:
         lines += textwrap.wrap(f"noise: calibrated ({result['calibration']})", LOG_WIDTH, subsequent_indent="  ")
     else:
         lines.append("noise: uncalibrated (item-level SE only; no seed noise for b's recipe)")
+    if result.get("latency"):
+        lines += ["", *latency_table(result["latency"])]
     for m in result["metrics"]:
         lines += ["", *metric_lines(m, "a", "b")]
     return "\n".join(lines)
+
+
+LATENCY_ROWS = (("TTFT p50", "latency_ttft_p50_ms", "ms"), ("TTFT p95", "latency_ttft_p95_ms", "ms"),
+                ("per token p50", "latency_per_token_p50_ms", "ms"),
+                ("per token p95", "latency_per_token_p95_ms", "ms"), ("tokens/s", "latency_tokens_per_s", ""))
+
+
+def latency_table(lat: Mapping[str, Any]) -> list[str]:
+    """Two checkpoints' latency side by side (lower is better but for tokens/s), and where it was measured."""
+    on = lat.get("on") or {}
+    head = (f"latency, batch 1, {lat.get('prompts')} prompts x {lat.get('new_tokens')} new tokens, same machine: "
+            f"{on.get('device')} {on.get('dtype')}, {on.get('engine')} {on.get('engine_version')}, "
+            f"{on.get('threads')} threads")
+    lines = [*textwrap.wrap(head, LOG_WIDTH, subsequent_indent="  "), f"  {'':<16}{'a':>12}{'b':>12}{'a / b':>10}"]
+    for label, key, unit in LATENCY_ROWS:
+        va, vb = lat["a"].get(key), lat["b"].get(key)
+        if va is None or vb is None:
+            continue
+        ratio = f"{va / vb:>10.2f}" if vb else f"{'-':>10}"
+        lines.append(f"  {(label + (' ' + unit if unit else '')):<16}{va:>12.3f}{vb:>12.3f}{ratio}")
+    return lines
+
+
+def latency_line(scores: Mapping[str, Any], device: str | None = None) -> str | None:
+    """The run summary's latency line, p50/p95 (None when the suite did not run); wrap it at 80 columns."""
+    s = scores
+    if "latency_ttft_p50_ms" not in s:
+        return None
+    line = f"latency p50/p95: TTFT {s['latency_ttft_p50_ms']:.2f}/{s['latency_ttft_p95_ms']:.2f} ms"
+    if "latency_per_token_p50_ms" in s:
+        line += f", per token {s['latency_per_token_p50_ms']:.2f}/{s['latency_per_token_p95_ms']:.2f} ms"
+    return line + f", {s['latency_tokens_per_s']:.0f} tok/s" + (f" on {device}" if device else "")
 
 
 def skipped_suites(stages: Mapping[str, Any]) -> dict[str, str]:
@@ -134,9 +175,12 @@ def summary_lines(out: Mapping[str, Any], wall_s: float) -> list[str]:
         lines.append(f"{name[:19]:<20}{status:<10}{nums}  {ref['name']}-{ref['digest'][:12]}")
     s = out["scores"]
     lines.append("")
-    for key in sorted(k for k in s if "_ci_" not in k):
+    for key in sorted(k for k in s if "_ci_" not in k and not k.startswith("latency_")):
         ci = f" (95% CI {s[key + '_ci_low']:.4f} - {s[key + '_ci_high']:.4f})" if f"{key}_ci_low" in s else ""
         lines.append(f"{key}: {s[key]:.4f}{ci}")
+    latency = latency_line(s, ((out["stages"].get("eval:latency") or {}).get("summary") or {}).get("device"))
+    if latency:
+        lines += textwrap.wrap(latency, LOG_WIDTH, subsequent_indent="  ")
     for suite, reason in sorted(skipped_suites(out["stages"]).items()):
         lines += textwrap.wrap(f"{suite}: skipped ({reason})", LOG_WIDTH, subsequent_indent="  ")
     g = out.get("gate")
@@ -150,6 +194,39 @@ def summary_lines(out: Mapping[str, Any], wall_s: float) -> list[str]:
         if g.get("metrics") and not g.get("calibrated"):
             lines += textwrap.wrap(calibrate_advice(g.get("calibrate_advice", "codemill calibrate --seeds 10"),
                                                     out["stages"]), LOG_WIDTH, subsequent_indent="  ")
+    return lines
+
+
+# The per-iteration columns of ``codemill rl``: (heading, row key, width, format). "signal" is the share of groups
+# whose rewards differ: GRPO learns only from those (the others have zero advantage).
+RL_COLUMNS = (("iter", "iteration", 4, "d"), ("reward", "reward_mean", 7, ".3f"),
+              ("pass", "pass_rate", 6, ".3f"), ("signal", "signal_groups", 7, ".2f"), ("kl", "kl", 8, ".4f"),
+              ("tokens", "response_tokens_mean", 7, ".1f"), ("gen s", "generation_s", 7, ".1f"),
+              ("reward s", "reward_s", 9, ".1f"), ("update s", "update_s", 9, ".1f"))
+LEARNABLE_SHARE_TARGET = 0.2
+
+
+def rl_summary_lines(out: Mapping[str, Any], wall_s: float) -> list[str]:
+    """``codemill rl``'s summary for an 80-column log: one row per iteration, the held-out pass rate before and
+    after with the CI of the gain, and one warning line when no group ever had a learnable signal."""
+    rows = out["iterations"]
+    lines = [f"codemill rl: {len(rows)} iterations in {wall_s:.1f}s", "",
+             "".join(f"{h:>{w}}" for h, _, w, _ in RL_COLUMNS)]
+    for r in rows:
+        lines.append("".join(f"{'-':>{w}}" if r.get(k) is None else f"{r[k]:>{w}{f}}" for _, k, w, f in RL_COLUMNS))
+    lines += textwrap.wrap(f"signal: share of groups whose rewards differ, what GRPO learns from (aim for >= "
+                           f"{LEARNABLE_SHARE_TARGET:.0%})", LOG_WIDTH, subsequent_indent="  ")
+    if rows and all(r.get("signal_groups") == 0 for r in rows):
+        lines.append("no learnable signal: every group had equal rewards (try rl.warm_start or an easier set)")
+    h = out["heldout"]
+    lines += ["", *textwrap.wrap(
+        f"held-out pass rate: {h['before']['rate']:.3f} -> {h['after']['rate']:.3f} (gain {h['gain']:+.3f}, "
+        f"95% CI [{h['gain_ci_low']:+.3f}, {h['gain_ci_high']:+.3f}], p={h['p_value']:.3g}, "
+        f"{h['problems']} problems)", LOG_WIDTH, subsequent_indent="  ")]
+    if out.get("gate"):
+        lines.append(f"gate: {out['gate']['verdict']}")
+    lines += textwrap.wrap(f"final policy: LoggedModel {out['model_id']}; MLflow parent run "
+                           f"{out['parent_run_id']}", LOG_WIDTH, subsequent_indent="  ")
     return lines
 
 

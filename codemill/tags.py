@@ -46,6 +46,11 @@ def sandbox(key: str) -> str:
     return f"codemill.sandbox.{key}"
 
 
+def eval_setting(key: str) -> str:
+    """Evaluate run: what a measurement ran on (latency: engine, engine_version, device, dtype, torch, threads)."""
+    return f"codemill.eval.{key}"
+
+
 def input_digest(name: str) -> str:
     """Stage run: the digest of one of its inputs (by the input's name in the plan)."""
     return f"codemill.input.{name}.digest"

@@ -45,6 +45,7 @@ from codemill.evals.synthetic import SYNTHETIC_CODE_VERSION, synthetic_problems
 PROBLEMS_CODE_VERSION = f"problems-v2+{SYNTHETIC_CODE_VERSION}+{MINING_CODE_VERSION}"
 PROBLEMS_FILE = "problems.parquet"
 REJECTED_FILE = "rejected.parquet"
+AUGMENT_COUNTS_FILE = "augment_counts.parquet"  # with problems.augment: evals.plus counts per problem
 REQUIRED_FIELDS = ("task_id", "prompt", "entry_point", "test")
 REASONS = ("malformed", "reference_failed", "duplicate", "duplicate_id", "contaminated")
 PROBLEM_SCHEMA: dict[str, Any] = {
@@ -359,11 +360,16 @@ def split_of(p: ExecProblem, cfg: ProblemsConfig, corpus_split: bool = False) ->
 
 
 # --- the whole set -------------------------------------------------------------------------------------------
+Augment = Callable[[list[ExecProblem], Callable[[str], None]], tuple[list[ExecProblem], list[Any]]]
+
+
 def build_problem_set(cfg: ProblemsConfig, out_dir: Path, judge: Judge | None,
                       corpus: CorpusRows | None = None,
-                      say: Callable[[str], None] | None = None) -> dict[str, Any]:
+                      say: Callable[[str], None] | None = None, augment: Augment | None = None) -> dict[str, Any]:
     """Write ``problems.parquet`` (kept problems with their split) and ``rejected.parquet`` (every dropped
-    problem with its step, reason and detail) under ``out_dir``; return the stats for the manifest."""
+    problem with its step, reason and detail) under ``out_dir``; return the stats for the manifest.
+    ``augment`` (``cfg.augment``: ``evals.plus``) strengthens the kept problems' tests last, so RL rewards and
+    evaluation on this set judge with them; its per-problem counts go to ``augment_counts.parquet``."""
     say = say or (lambda _m: None)
     labels = source_labels(cfg.sources)
     problems: list[ExecProblem] = []
@@ -394,9 +400,17 @@ def build_problem_set(cfg: ProblemsConfig, out_dir: Path, judge: Judge | None,
     rejected += dropped
     from_corpus = mined(cfg)
     splits = [split_of(p, cfg, p.source in from_corpus) for p in live]
+    augmented: list[Any] | None = None
+    if augment is not None:
+        say(f"augmenting the tests of {sum(p.reference_solution is not None for p in live)} problems")
+        live, augmented = augment(live, say)
     _write(out_dir, live, splits, rejected)
     stats = _stats(labels, cfg, read, source_counts, live, splits, rejected)
     stats["verify"] = verify_counts
+    if augmented is not None:
+        from codemill.evals.plus.artifact import write_counts
+
+        stats["augment"] = write_counts(out_dir, augmented, AUGMENT_COUNTS_FILE)
     return stats
 
 

@@ -42,7 +42,7 @@ def corpus_ref(store: ArtifactStore, corpus: str | None) -> ArtifactRef | None:
 def evaluate_resolved(ctx: RunContext, store: ArtifactStore, config: PipelineConfig, model: ResolvedModel,
                       corpus: ArtifactRef | None, samples_file: str | None = None) -> dict[str, StageResult]:
     """The configured suites on a model whose LoggedModel and folder are known: suite -> result."""
-    steps = plan_evaluations(config, model.ref, corpus, samples_file, resolved=model)
+    steps = plan_evaluations(config, model.ref, corpus, samples_file, resolved=model, store=store)
     return eval_results(execute(steps, ctx, store))
 
 

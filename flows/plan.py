@@ -16,6 +16,7 @@ from codemill.config import PipelineConfig, TokenizeConfig
 from codemill.evals.calibration import recipe_of_plans
 from codemill.plan import PHASES, StagePlan, check_until
 from codemill.store import ArtifactRef, ArtifactStore
+from codemill.tasks.augment import augment_task, evaluation_config, plan_augment
 from codemill.tasks.common import RunContext, StageResult
 from codemill.tasks.evaluate import evaluate_suite_task, plan_suite
 from codemill.tasks.ingest import ingest_task, plan_ingest
@@ -63,7 +64,7 @@ def plan_pipeline(config: PipelineConfig, sources: list[dict], store: ArtifactSt
     def bind_trained(ctx: RunContext, results: dict[str, StageResult]) -> dict[str, Any]:
         return {"model": trained_model(ctx, results["train"])}
 
-    evals = plan_evaluations(config, store.ref_for(train.plan), corpus, bind=bind_trained)
+    evals = plan_evaluations(config, store.ref_for(train.plan), corpus, bind=bind_trained, store=store)
     steps = [ingest, tokenizer, tokens, train, *evals]
     if until == "evaluate":  # train.seeds: the candidate's other seeds, trained and evaluated after it
         for seed in extra_seeds(config):
@@ -91,7 +92,7 @@ def plan_seed(config: PipelineConfig, sources: list[dict], store: ArtifactStore,
     for step in plan_pipeline(seed_config(config, seed), sources, store, "evaluate"):
         if step.phase == "train":
             out.append(replace(step, key=seed_key(seed, "train")))
-        elif step.phase == "evaluate":
+        elif step.phase == "evaluate" and step.plan.stage != "augment":  # the run's own augment step serves all
             out.append(replace(step, key=seed_key(seed, step.plan.name), bind=_bind_seed(step.bind, seed)))
     return out
 
@@ -113,14 +114,23 @@ def config_recipe(config: PipelineConfig) -> dict[str, Any]:
 
 def plan_evaluations(config: PipelineConfig, model: ArtifactRef, corpus: ArtifactRef | None,
                      samples_file: str | None = None, bind: Binder | None = None,
-                     resolved: ResolvedModel | None = None) -> list[Step]:
-    """One step per configured suite. The model is known by its ref when planning; the task also needs its
-    LoggedModel id and HF folder, given directly (``resolved``) or once training ran (``bind``)."""
+                     resolved: ResolvedModel | None = None, store: ArtifactStore | None = None) -> list[Step]:
+    """One step per configured suite, after the augment step when the humaneval suite judges with augmented
+    tests (``humaneval.plus``; its artifact is the suite's ``plus`` input). The model is known by its ref when
+    planning; the task also needs its LoggedModel id and HF folder, given directly (``resolved``) or once
+    training ran (``bind``)."""
     if bind is None and resolved is None:
         raise ValueError("an evaluation step needs the resolved model or a way to bind it")
-    steps = []
+    steps: list[Step] = []
+    plus = None
+    if "humaneval" in config.evaluate.suites and config.evaluate.humaneval.plus:
+        aug_cfg = evaluation_config(config.augment, config.evaluate.humaneval.max_problems)
+        augment = plan_augment(aug_cfg)  # HumanEval's augmented tests, planned before the suite that reads them
+        steps.append(Step("augment", "evaluate", augment, augment_task, {"cfg": aug_cfg}))
+        plus = (store or ArtifactStore(config.store_root)).ref_for(augment)
     for suite in config.evaluate.suites:
-        plan = plan_suite(suite, config.evaluate, model, corpus, samples_file if suite == "humaneval" else None)
+        plan = plan_suite(suite, config.evaluate, model, corpus, samples_file if suite == "humaneval" else None,
+                          plus if suite == "humaneval" else None)
         params: dict[str, Any] = {"cfg": config.evaluate}
         if resolved is not None:
             params["model"] = resolved

@@ -108,6 +108,8 @@ def iteration_table(stages: dict[str, StageResult], iterations: int) -> list[dic
         row = {"iteration": i, **{k: ro.get(k) for k in ("reward_mean", "reward_std", "pass_rate",
                                                           "zero_variance_groups", "response_tokens_mean",
                                                           "truncated_frac", "suspicious")},
+               "signal_groups": None if ro.get("zero_variance_groups") is None
+               else 1.0 - float(ro["zero_variance_groups"]),
                "kl": u.get("kl"), "entropy": u.get("entropy"), "clip_frac_low": u.get("clip_frac_low"),
                "clip_frac_high": u.get("clip_frac_high"), "groups_kept": u.get("groups_kept"),
                "generation_s": t.get("generation_s"), "reward_s": t.get("reward_s"), "rollout_wall_s": t.get("wall_s"),

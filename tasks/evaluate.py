@@ -23,6 +23,7 @@ from codemill.tasks.resolve_model import ResolvedModel
 
 STAGE = "evaluate"
 SUMMARY_KEYS = tuple(k for s in suites.REGISTRY.values() for k in s.summary_keys)
+DESCRIBED = ("engine", "device", "dtype")  # what a measurement ran on (latency), shown beside its numbers
 
 
 def val_dataset(corpus: ArtifactRef) -> ArtifactRef:
@@ -50,14 +51,18 @@ def logged_dataset(suite: str, data: ArtifactRef) -> ArtifactRef:
 
 
 def plan_suite(suite: str, cfg: EvalConfig, model: ArtifactRef, corpus: ArtifactRef | None,
-               samples_file: str | None = None) -> StagePlan:
-    """Digest over this suite's config (not the suite list), the model, the data, and (when scoring a samples
-    file) its content: evaluations of one suite pair whenever these agree, whatever else ran beside them."""
-    config = {"suite": suites.get(suite).config(cfg).digest_config(), "bootstrap_samples": cfg.bootstrap_samples,
-              "confidence": cfg.confidence, "seed": cfg.seed}
+               samples_file: str | None = None, plus: ArtifactRef | None = None) -> StagePlan:
+    """Digest over this suite's config (not the suite list), the model, the data, (when scoring a samples
+    file) its content and (humaneval with ``plus``) the augmented tests: evaluations of one suite pair whenever
+    these agree, whatever else ran beside them."""
+    s = suites.get(suite)
+    config = {"suite": s.config(cfg).digest_config(), **s.plan_config(cfg),
+              "bootstrap_samples": cfg.bootstrap_samples, "confidence": cfg.confidence, "seed": cfg.seed}
     inputs = {"model": model, "data": suite_data(suite, corpus)}
     if samples_file:
         inputs["samples"] = file_input("samples", samples_file)
+    if plus is not None:
+        inputs["plus"] = plus
     return StagePlan(stage=STAGE, name=suite, code_version=suites.SUITE_VERSIONS[suite], config=config,
                      inputs=inputs)
 
@@ -68,9 +73,12 @@ def metrics_of(stats: dict[str, Any]) -> dict[str, float]:
 
 
 def _summary(m: Manifest) -> dict[str, Any]:
-    """What the flow result keeps of an evaluation: its metrics, or why the suite skipped the model."""
+    """What the flow result keeps of an evaluation: its metrics, what it ran on (latency), or why the suite
+    skipped the model."""
     skipped = {"skipped": m.stats["skipped"]} if m.stats.get("skipped") else {}
-    return {"suite": m.stats["suite"], "model_id": m.stats["model_id"], **skipped, **metrics_of(m.stats)}
+    described = {k: m.stats[k] for k in DESCRIBED if isinstance(m.stats.get(k), str)}
+    return {"suite": m.stats["suite"], "model_id": m.stats["model_id"], **described, **skipped,
+            **metrics_of(m.stats)}
 
 
 def _record(store: ArtifactStore, suite: str, model: ResolvedModel, data: ArtifactRef):
@@ -81,6 +89,9 @@ def _record(store: ArtifactStore, suite: str, model: ResolvedModel, data: Artifa
             lineage.tag(run_id, {T.SUITE_SKIPPED: str(m.stats["skipped"])[:5000]})
         if m.stats.get("unsafe_no_sandbox"):
             lineage.tag(run_id, {T.UNSAFE_NO_SANDBOX: "true"})
+        if m.stats.get("engine"):  # a measurement of the machine too (latency): say which, on the run
+            lineage.tag(run_id, {T.eval_setting(k): str(m.stats[k]) for k in (*DESCRIBED, "engine_version", "torch",
+                                                                              "threads") if k in m.stats})
         if m.stats.get("sandbox"):
             lineage.tag(run_id, {T.sandbox(k): v for k, v in m.stats["sandbox"].items()})
         rows = store.local_path(store.ref(m.stage, m.name, m.digest)) / suites.rows_file(suite)
@@ -120,7 +131,9 @@ def _suite_run(store: ArtifactStore, plan: StagePlan, cfg: EvalConfig, model: Re
                w: ArtifactWriter) -> SuiteRun:
     data = plan.input("data")
     run = SuiteRun(cfg=cfg, hf_dir=Path(model.hf_dir), path=w.path,
-                   samples_file=plan.inputs["samples"].uri if "samples" in plan.inputs else None)
+                   samples_file=plan.inputs["samples"].uri if "samples" in plan.inputs else None, planned=plan.config)
+    if "plus" in plan.inputs:
+        run.plus_dir = store.local_path(plan.input("plus"))
     if data.stage == "ingest":  # a val suite: the corpus, whose split unit clusters its files
         run.corpus_dir = store.local_path(data)
         run.split_unit = store.read_manifest(data).config.get("split_unit", "repository")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from prefect import get_run_logger, task
@@ -18,6 +19,7 @@ from codemill.evals.problem_sets import (
 from codemill.lineage import Lineage
 from codemill.plan import StagePlan, external_input
 from codemill.store import ArtifactRef, ArtifactWriter, Manifest
+from codemill.tasks.augment import augmenter
 from codemill.tasks.common import RunContext, StageResult, run_stage, stage_task
 
 STAGE = "problems"
@@ -36,8 +38,12 @@ def plan_problems(cfg: ProblemsConfig, sources: list[dict], corpus: ArtifactRef 
         if corpus is None:
             raise ValueError("a mined problem source needs the corpus artifact")
         inputs["corpus"] = corpus
-    return StagePlan(stage=STAGE, name="problems", code_version=PROBLEMS_CODE_VERSION, config=cfg.digest_config(),
-                     inputs=inputs)
+    version = PROBLEMS_CODE_VERSION
+    if cfg.augment is not None:
+        from codemill.evals.plus.augment import PLUS_CODE_VERSION
+
+        version += f"+{PLUS_CODE_VERSION}"
+    return StagePlan(stage=STAGE, name="problems", code_version=version, config=cfg.digest_config(), inputs=inputs)
 
 
 @task(name="fingerprint-problem-sources", retries=2, retry_delay_seconds=5)
@@ -87,9 +93,11 @@ def problems_task(plan: StagePlan, ctx: RunContext, cfg: ProblemsConfig, sources
             corpus_dir = store.local_path(plan.input("corpus"))
             corpus = lambda: corpus_files(corpus_dir)  # noqa: E731
         limits = Limits(wall_s=cfg.wall_s, cpu_s=cfg.cpu_s, memory_bytes=cfg.memory_mb << 20)
-        with JudgePool(limits, workers=cfg.workers) as pool:
+        with contextlib.ExitStack() as stack:
+            pool = stack.enter_context(JudgePool(limits, workers=cfg.workers))
+            augment = stack.enter_context(augmenter(cfg.augment)()) if cfg.augment is not None else None
             stats = build_problem_set(cfg, w.dir, pool.judge_all, corpus,
-                                      say=lambda msg: progress.sink().stage(STAGE, msg))
+                                      say=lambda msg: progress.sink().stage(STAGE, msg), augment=augment)
         stats["source_fingerprints"] = sources
         stats["sandbox"] = pool.isolation
         logger.info("problems: kept %d (train %d, val %d); counts %s", stats["problems"], stats["splits"]["train"],

@@ -72,7 +72,9 @@ class SuiteRun:
     corpus_dir: Path | None = None  # val suites: the corpus artifact
     split_unit: str = "repository"  # the corpus's split unit: val files of one unit share a cluster
     samples_file: str | None = None  # humaneval: score this samples JSONL instead of generating
+    plus_dir: Path | None = None  # humaneval with ``plus``: the augment artifact (augmented tests)
     loader: Callable[[Path], EvalModel] = load_eval_model
+    planned: dict[str, Any] = field(default_factory=dict)  # the plan's hashed config (``Suite.plan_config`` included)
 
     @cached_property
     def model(self) -> EvalModel:
@@ -108,6 +110,9 @@ class Suite:
     metrics: tuple[Metric, ...]
     logged: tuple[str, ...] = ()
     uses_sandbox: Callable[[EvalConfig], bool] = field(default=lambda cfg: False)
+    # What the suite's digest covers besides its own section (``evaluate.<name>``), the eval seed and the
+    # bootstrap settings: settings it reads from another section, or the machine a measurement belongs to.
+    plan_config: Callable[[EvalConfig], dict[str, Any]] = field(default=lambda cfg: {})
 
     def config(self, cfg: EvalConfig) -> StageConfig:
         """This suite's section of the evaluate config (``evaluate.<name>``)."""

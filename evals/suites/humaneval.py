@@ -1,8 +1,12 @@
-"""HumanEval pass@1 (greedy) and sampled pass@k, judged in the sandbox (``evals.humaneval``)."""
+"""HumanEval pass@1 (greedy) and sampled pass@k, judged in the sandbox (``evals.humaneval``); with
+``humaneval.plus``, the greedy completions judged a second time against the augmented tests of the augment stage
+(``evals.plus``): ``humaneval_plus_pass_at_1`` beside ``humaneval_pass_at_1``, on the same problems and with the
+same CI method, and every greedy row carrying both verdicts (``outcome`` and ``plus_outcome``)."""
 
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -17,6 +21,7 @@ from codemill.evals.sandbox.judge_pool import JudgePool
 from codemill.evals.suites.base import EvalModel, Metric, Rows, Suite, SuiteRun, ci, scores
 
 PASS_AT_1 = Metric("humaneval_pass_at_1", binary=True)
+PLUS_PASS_AT_1 = Metric("humaneval_plus_pass_at_1", binary=True)
 SAMPLED_PREFIX = "humaneval_sampled_pass_at_"
 
 
@@ -51,8 +56,9 @@ def humaneval_samples(m: EvalModel, problems: dict[str, ExecProblem], cfg: EvalC
 
 
 def score_humaneval(samples: list[dict], problems: dict[str, ExecProblem], cfg: EvalConfig,
-                    pool: JudgePool) -> Rows:
-    """Execute samples (from generation or a samples file) and aggregate by problem."""
+                    pool: JudgePool, plus: dict[str, ExecProblem] | None = None) -> Rows:
+    """Execute samples (from generation or a samples file) and aggregate by problem; ``plus`` (the augmented
+    problems) judges the greedy samples again."""
     h = cfg.humaneval
     rows_all: list[dict] = []
     summary: dict[str, Any] = {"problems": len(problems), "unsafe_no_sandbox": h.unsafe_no_sandbox,
@@ -67,6 +73,8 @@ def score_humaneval(samples: list[dict], problems: dict[str, ExecProblem], cfg: 
         frac = np.array([c / n for n, c in counts.values()])
         if mode == "greedy":
             summary.update(ci(frac, np.ones_like(frac), np.arange(frac.size), cfg, PASS_AT_1.name))
+            if plus is not None:
+                summary.update(_score_plus(chosen, plus, cfg, pool, rows_all))
         else:
             ks = [k for k in h.ks if k <= h.n_samples]
             found = he.pass_at_k_scores(results, ks)
@@ -76,27 +84,64 @@ def score_humaneval(samples: list[dict], problems: dict[str, ExecProblem], cfg: 
     return pl.DataFrame(rows_all), summary
 
 
+def _score_plus(greedy: list[dict], plus: dict[str, ExecProblem], cfg: EvalConfig, pool: JudgePool,
+                rows_all: list[dict]) -> dict[str, Any]:
+    """The greedy samples against the augmented tests: each greedy row gets ``plus_outcome``/``plus_passed``,
+    and the summary the plus pass@1 with its CI (the problem is the unit, as for pass@1)."""
+    results = he.execute(plus, greedy, pool)
+    greedy_rows = [r for r in rows_all if r["mode"] == "greedy"]
+    for row, res in zip(greedy_rows, results, strict=True):
+        row["plus_outcome"], row["plus_passed"] = res.outcome, res.passed
+    counts = he.per_problem(results)
+    frac = np.array([c / n for n, c in counts.values()])
+    out = ci(frac, np.ones_like(frac), np.arange(frac.size), cfg, PLUS_PASS_AT_1.name)
+    out["plus_outcomes"] = dict(Counter(r.outcome for r in results))
+    out["plus_only_failures"] = sum(1 for row in greedy_rows if row["outcome"] == "passed" and not row["plus_passed"])
+    return out
+
+
+def plus_problems(plus_dir: Path | None, problems: dict[str, ExecProblem]) -> dict[str, ExecProblem]:
+    """The augmented version of each of ``problems`` (from the augment artifact); the suite refuses to run
+    without it when ``plus`` is on, rather than report a plus score that is not one."""
+    from codemill.evals.plus.artifact import read_augmented
+
+    if plus_dir is None:
+        raise ValueError("humaneval.plus is on but the evaluation was planned without the augmented tests "
+                         "(the augment step); plan it with flows.plan.plan_evaluations or set humaneval.plus: false")
+    augmented = read_augmented(plus_dir)
+    missing = sorted(set(problems) - set(augmented))
+    if missing:
+        raise ValueError(f"{plus_dir}: the augmented tests lack {len(missing)} problems ({', '.join(missing[:3])})")
+    return {k: augmented[k] for k in problems}
+
+
 def run(r: SuiteRun) -> Rows:
     cfg = r.cfg
     problems = he.load_problems()
     if cfg.humaneval.max_problems:
         problems = dict(list(problems.items())[: cfg.humaneval.max_problems])
+    plus = plus_problems(r.plus_dir, problems) if cfg.humaneval.plus else None
     with humaneval_pool(cfg) as pool:  # probes first: fail closed before generating anything
         if r.samples_file:
             samples = [{**s, "mode": "greedy"} for s in he.read_samples(r.samples_file)]
         else:
             samples = humaneval_samples(r.model, problems, cfg)
         he.write_samples(r.path("samples.jsonl"), samples)
-        return score_humaneval(samples, problems, cfg, pool)
+        return score_humaneval(samples, problems, cfg, pool, plus)
 
 
 def item_scores(rows: pl.DataFrame) -> dict[str, ItemScores]:
     greedy = rows.filter(pl.col("mode") == "greedy").sort("item_id")
     if greedy.height == 0:
         return {}
-    return {PASS_AT_1.name: scores(greedy.with_columns(passed=(pl.col("outcome") == "passed").cast(pl.Float64)),
-                                   PASS_AT_1, "passed")}
+    out = {PASS_AT_1.name: scores(greedy.with_columns(passed=(pl.col("outcome") == "passed").cast(pl.Float64)),
+                                  PASS_AT_1, "passed")}
+    if "plus_outcome" in greedy.columns:
+        out[PLUS_PASS_AT_1.name] = scores(greedy.with_columns(
+            plus=(pl.col("plus_outcome") == "passed").cast(pl.Float64)), PLUS_PASS_AT_1, "plus")
+    return out
 
 
-SUITE = Suite("humaneval", he.HUMANEVAL_CODE_VERSION, "humaneval", run, item_scores, (PASS_AT_1,),
-              logged=(SAMPLED_PREFIX,), uses_sandbox=lambda cfg: not cfg.humaneval.unsafe_no_sandbox)
+SUITE = Suite("humaneval", he.HUMANEVAL_CODE_VERSION, "humaneval", run, item_scores, (PASS_AT_1, PLUS_PASS_AT_1),
+              logged=(SAMPLED_PREFIX, "plus_only_failures"),
+              uses_sandbox=lambda cfg: not cfg.humaneval.unsafe_no_sandbox or cfg.humaneval.plus)

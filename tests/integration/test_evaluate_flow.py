@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import sys
 
+import polars as pl
 import pytest
 from mlflow import MlflowClient
 
 from codemill.evals.humaneval import load_problems, write_samples
 from codemill.evals.sandbox import SandboxUnavailable, binary
+from codemill.store import ArtifactRef, ArtifactStore
 from tests.integration.helpers import small_pipeline_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_harness")]
@@ -46,6 +48,11 @@ def test_samples_file_is_scored_and_logged(hf_model, tmp_path):
     cfg = _config(tmp_path)
     out = evaluate(model=str(hf_model), config=cfg, samples_file=str(samples))
     assert out["scores"]["humaneval_pass_at_1"] == 1.0
+    assert out["scores"]["humaneval_plus_pass_at_1"] == 1.0  # the canonical solutions pass the augmented tests
+    store = ArtifactStore(cfg.store_root)
+    ref = ArtifactRef.model_validate(out["stages"]["eval:humaneval"]["ref"])
+    rows = pl.read_parquet(store.local_path(ref) / "rows" / "humaneval.parquet")
+    assert rows["plus_outcome"].to_list() == rows["outcome"].to_list() == ["passed"] * 6  # both verdicts per item
     client = MlflowClient(cfg.mlflow_tracking_uri)
     model = client.get_logged_model(out["model_id"])
     (metric,) = [m for m in model.metrics if m.key == "humaneval_pass_at_1"]

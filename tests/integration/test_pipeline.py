@@ -41,8 +41,9 @@ def _ref(stage_result: dict) -> ArtifactRef:
 def test_every_stage_ran_and_committed_a_manifest(runs):
     cfg, first, _, _ = runs
     store = ArtifactStore(cfg.store_root)
-    assert list(first["stages"]) == ["ingest", "tokenizer", "tokenize", "train", "eval:bpb", "eval:completion",
-                                     "eval:humaneval"]
+    assert list(first["stages"]) == ["ingest", "tokenizer", "tokenize", "train", "augment", "eval:bpb",
+                                     "eval:completion", "eval:humaneval", "eval:humaneval_infilling",
+                                     "eval:latency"]
     for name, st in first["stages"].items():
         assert st["status"] == "ran", name
         ref = _ref(st)
@@ -66,6 +67,7 @@ def test_manifests_repeat_the_chain(runs):
         assert store.read_manifest(st[f"eval:{suite}"]).inputs == {"model": st["train"].digest,
                                                                     "data": st["ingest"].digest}
     assert store.read_manifest(st["eval:humaneval"]).inputs["model"] == st["train"].digest
+    assert store.read_manifest(st["eval:humaneval"]).inputs["plus"] == st["augment"].digest
     sources = store.read_manifest(st["ingest"]).stats["source_fingerprints"]
     assert sources[0]["root"] == cfg.ingest.sources[0].path
 

@@ -65,9 +65,10 @@ def test_an_evaluation_does_not_depend_on_which_other_suites_ran(tmp_path: Path)
 
 def test_until_keeps_a_prefix_of_the_same_steps(tmp_path: Path) -> None:
     full = _steps(tmp_path)
-    assert [s.key for s in full] == ["ingest", "tokenizer", "tokenize", "train", "eval:bpb", "eval:completion",
-                                     "eval:humaneval"]
-    expected = {"ingest": 1, "tokenize": 3, "train": 4, "evaluate": 7}
+    assert [s.key for s in full] == ["ingest", "tokenizer", "tokenize", "train", "augment", "eval:bpb",
+                                     "eval:completion", "eval:humaneval", "eval:humaneval_infilling",
+                                     "eval:latency"]
+    expected = {"ingest": 1, "tokenize": 3, "train": 4, "evaluate": 10}
     for until in PHASES:
         prefix = _steps(tmp_path, until=until)
         assert [s.plan.digest for s in prefix] == [s.plan.digest for s in full[: expected[until]]]
@@ -85,6 +86,24 @@ def test_steps_chain_through_their_inputs(tmp_path: Path) -> None:
     assert steps["ingest"].input_digests == {"source.0.a": "f" * 64}
 
 
+def test_humaneval_plus_plans_the_augmented_tests_as_an_input_of_the_suite(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    steps = {s.key: s.plan for s in _steps(tmp_path)}
+    assert steps["eval:humaneval"].inputs["plus"] == store.ref_for(steps["augment"])
+    assert "plus" not in steps["eval:bpb"].inputs
+    assert steps["augment"].config["max_problems"] == load_preset("tiny").evaluate.humaneval.max_problems
+    other = load_preset("tiny")
+    other.augment.max_mutants += 1
+    changed = {s.key for s in _steps(tmp_path, other) if s.plan.digest != steps[s.key].digest}
+    assert changed == {"augment", "eval:humaneval"}
+    off = load_preset("tiny")
+    off.evaluate.humaneval.plus = False
+    plain = {s.key: s.plan for s in _steps(tmp_path, off)}
+    assert "augment" not in plain and "plus" not in plain["eval:humaneval"].inputs
+    assert plain["eval:humaneval"].digest != steps["eval:humaneval"].digest
+    assert plain["eval:bpb"].digest == steps["eval:bpb"].digest
+
+
 def test_a_config_change_reaches_exactly_the_stages_downstream_of_it(tmp_path: Path) -> None:
     base = {s.key: s.plan.digest for s in _steps(tmp_path)}
     runtime = load_preset("tiny")
@@ -94,7 +113,8 @@ def test_a_config_change_reaches_exactly_the_stages_downstream_of_it(tmp_path: P
     longer = load_preset("tiny")
     longer.tokenize.seq_len *= 2
     changed = {s.key for s in _steps(tmp_path, longer) if s.plan.digest != base[s.key]}
-    assert changed == {"tokenize", "train", "eval:bpb", "eval:completion", "eval:humaneval"}
+    assert changed == {"tokenize", "train", "eval:bpb", "eval:completion", "eval:humaneval",
+                       "eval:humaneval_infilling", "eval:latency"}
 
 
 def test_describe_tells_run_from_skip_and_writes_nothing(tmp_path: Path) -> None:

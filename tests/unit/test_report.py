@@ -39,3 +39,35 @@ def test_ingest_table_counts_every_reason():
 def test_loss_curve_is_a_png():
     png = loss_curve_png([5.0, 4.0, 3.5], {"2": 4.2})
     assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 1000
+
+
+def _rl_out(signal: list[float], kl: float | None = 0.01) -> dict:
+    rows = [{"iteration": i, "reward_mean": 0.1 * i, "pass_rate": 0.1 * i, "signal_groups": s, "kl": kl,
+             "response_tokens_mean": 40.0, "generation_s": 3.2, "reward_s": 1.1, "update_s": 12.5}
+            for i, s in enumerate(signal)]
+    heldout = {"before": {"rate": 0.25}, "after": {"rate": 0.5}, "gain": 0.25, "gain_ci_low": 0.1,
+               "gain_ci_high": 0.4, "p_value": 0.003, "problems": 12}
+    return {"iterations": rows, "heldout": heldout, "gate": None, "model_id": "m-" + "0" * 32,
+            "parent_run_id": "f" * 32}
+
+
+def test_rl_summary_fits_80_columns_and_shows_the_learnable_share_per_iteration():
+    from codemill.report import rl_summary_lines
+
+    lines = rl_summary_lines(_rl_out([0.5, 0.25], kl=None), 123.4)
+    assert all(len(line) <= 80 for line in lines), [line for line in lines if len(line) > 80]
+    header = next(line for line in lines if line.lstrip().startswith("iter"))
+    assert header.split()[:4] == ["iter", "reward", "pass", "signal"]
+    rows = [line.split() for line in lines if line[:4].strip() in ("0", "1")]
+    assert [r[3] for r in rows] == ["0.50", "0.25"] and rows[0][4] == "-"  # rft: no kl
+    assert any("0.250 -> 0.500 (gain +0.250, 95% CI [+0.100, +0.400]" in line for line in lines)
+    assert not any(line.startswith("no learnable signal") for line in lines)
+
+
+def test_rl_summary_warns_once_when_no_group_ever_had_a_signal():
+    from codemill.report import rl_summary_lines
+
+    lines = rl_summary_lines(_rl_out([0.0, 0.0, 0.0]), 10.0)
+    assert sum(line.startswith("no learnable signal: every group had equal rewards") for line in lines) == 1
+    assert not any(line.startswith("no learnable signal")
+                   for line in rl_summary_lines(_rl_out([0.0, 0.125]), 10.0))

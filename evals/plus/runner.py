@@ -1,0 +1,212 @@
+"""Run trusted code (a reference solution, or a mutant of one) on a batch of inputs in the sandbox.
+
+This reuses the judge harness's candidate server (``sandbox/candidate_server.py``) as it is: a sample there is
+one forked child that executes ``source`` and then answers ``{"args", "kwargs"}`` calls with plain data over a
+socket, until the socket closes. Here the host holds the other end of that socket, so one sample answers a
+whole batch of inputs (one program run per batch, not one per input), and every result crosses the same
+plain-data codec (``wire``) as a candidate's: a result that is not plain data comes back as ``not_plain``, never
+as an object. The host's deadline per call is the input's time budget; when a call runs past it (or the child
+dies), the host ends the sample (the server kills the child and cleans the sandbox) and starts a fresh one for
+the inputs after it. The code is trusted, but still runs isolated: it is the same path as untrusted code and
+costs nothing extra.
+"""
+
+from __future__ import annotations
+
+import queue
+import socket
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from codemill.cpus import usable_cpus
+from codemill.evals.sandbox.limits import Limits
+from codemill.evals.sandbox.runner import Sandbox
+from codemill.evals.sandbox.servers import Server, ServerDied
+from codemill.evals.sandbox.uids import LEASES
+from codemill.evals.sandbox.wire import (
+    BadData,
+    ChannelClosed,
+    ChannelTimeout,
+    decode_value,
+    encode_value,
+    recv_frame,
+    send_frame,
+)
+
+LOAD_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class Call:
+    """One input's result. ``status``: ok | raised | timeout | crashed | not_plain | load_error | skipped."""
+
+    status: str
+    value: Any = None
+    error: str = ""
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Run ``entry`` of ``source`` on each argument tuple; ``budgets_s`` per input. After ``max_timeouts``
+    timed-out inputs the rest are ``skipped`` (a mutant that loops on everything costs a few budgets, not all)."""
+
+    source: str
+    entry: str
+    inputs: Sequence[tuple[Any, ...]]
+    budgets_s: Sequence[float]
+    max_timeouts: int | None = None
+
+
+class _Slot:
+    def __init__(self, sandbox: Sandbox) -> None:
+        self.sandbox = sandbox
+        self.uid = LEASES.take()
+        self._server: Server | None = None
+
+    def server(self) -> Server:
+        if self._server is None or not self._server.alive():
+            if self._server is not None:
+                self._server.stop()
+            self._server = Server.start(self.sandbox, "candidate", self.uid)
+        return self._server
+
+    def drop(self) -> None:
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
+
+    def close(self) -> None:
+        self.drop()
+        LEASES.give_back(self.uid)
+
+
+class BatchRunner:
+    """``with BatchRunner(limits, workers) as r: r.run_all([Batch(...), ...])``. Fails closed like ``JudgePool``:
+    the sandbox is probed before anything runs."""
+
+    def __init__(self, limits: Limits | None = None, workers: int | None = None, unsafe: bool = False) -> None:
+        self.limits = limits or Limits()
+        self.workers = workers or usable_cpus()
+        self.sandbox = Sandbox(self.limits, unsafe=unsafe)
+        self._slots: queue.Queue[_Slot] = queue.Queue()
+        self._all: list[_Slot] = []
+        self.isolation: dict[str, str] = {}
+
+    def __enter__(self) -> BatchRunner:
+        self.isolation = self.sandbox.probe()
+        try:
+            for _ in range(self.workers):
+                slot = _Slot(self.sandbox)
+                self._all.append(slot)
+                self._slots.put(slot)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for slot in self._all:
+            slot.close()
+        self._all = []
+
+    def run_all(self, batches: Sequence[Batch], on_done: Callable[[int, int], None] | None = None
+                ) -> list[list[Call]]:
+        """Results per batch, in input order; batches run in parallel, one per slot."""
+        done = [0]
+
+        def one(batch: Batch) -> list[Call]:
+            slot = self._slots.get()
+            try:
+                return self._run(slot, batch)
+            finally:
+                self._slots.put(slot)
+                done[0] += 1
+                if on_done:
+                    on_done(done[0], len(batches))
+
+        with ThreadPoolExecutor(max_workers=self.workers) as ex:
+            return list(ex.map(one, batches))
+
+    def run(self, batch: Batch) -> list[Call]:
+        return self.run_all([batch])[0]
+
+    def _run(self, slot: _Slot, batch: Batch) -> list[Call]:
+        out: list[Call] = []
+        timeouts = 0
+        n = len(batch.inputs)
+        while len(out) < n:
+            if batch.max_timeouts is not None and timeouts >= batch.max_timeouts:
+                out += [Call("skipped")] * (n - len(out))
+                break
+            ended = self._sample(slot, batch, out)
+            if ended is not None:
+                out.append(ended)
+                timeouts += ended.status == "timeout"
+                if ended.status == "load_error":
+                    out += [Call("load_error", error=ended.error)] * (n - len(out))
+        return out
+
+    def _sample(self, slot: _Slot, batch: Batch, out: list[Call]) -> Call | None:
+        """Answer inputs from ``len(out)`` on in one child, appending to ``out``; the Call that ended the child
+        early (timeout, crash, load error), or None when every input is answered."""
+        host, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        server = slot.server()
+        try:
+            try:
+                server.send_sample({"source": batch.source, "entry": batch.entry,
+                                    "limits": self.limits.per_sample()}, [child.fileno()])
+            finally:
+                child.close()
+            return self._calls(host, batch, out)
+        except ServerDied as exc:
+            slot.drop()
+            return Call("crashed", error=str(exc)[:300])
+        finally:
+            host.close()
+            try:
+                server.end_sample()
+            except ServerDied:
+                slot.drop()
+
+    @staticmethod
+    def _calls(host: socket.socket, batch: Batch, out: list[Call]) -> Call | None:
+        try:
+            first = recv_frame(host, deadline=time.monotonic() + LOAD_TIMEOUT_S)
+        except (ChannelClosed, ChannelTimeout, BadData) as exc:
+            return Call("load_error", error=f"no ready: {exc}"[:300])
+        if first != {"ready": True}:
+            return Call("load_error", error=str(first.get("load_error", first))[:300])
+        while len(out) < len(batch.inputs):
+            i = len(out)
+            t0 = time.monotonic()
+            try:
+                send_frame(host, {"args": encode_value(list(batch.inputs[i])), "kwargs": encode_value({})})
+                reply = recv_frame(host, deadline=t0 + batch.budgets_s[i])
+            except ChannelTimeout:
+                return Call("timeout", seconds=time.monotonic() - t0)
+            except (ChannelClosed, BadData, OSError) as exc:
+                return Call("crashed", error=str(exc)[:300], seconds=time.monotonic() - t0)
+            seconds = time.monotonic() - t0
+            if type(reply.get("ok")) is str:
+                try:
+                    out.append(Call("ok", decode_value(reply["ok"]), seconds=seconds))
+                except BadData as exc:
+                    out.append(Call("not_plain", error=str(exc)[:300], seconds=seconds))
+            elif "raise" in reply:
+                raised = reply["raise"]
+                text = ": ".join(str(x) for x in raised[1:]) if isinstance(raised, list) else str(raised)
+                out.append(Call("raised", error=text[:300], seconds=seconds))
+            else:
+                out.append(Call("not_plain", error=str(reply.get("bad_result", reply))[:300], seconds=seconds))
+        return None
