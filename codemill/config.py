@@ -363,6 +363,13 @@ class HumanEvalInfillingSuiteConfig(StageConfig):
     workers: int | None = runtime_only(default=None, description="Parallel sandboxes; empty = CPU count.")
     batch_size: int = runtime_only(default=16, gt=0, description="Prompts per generation batch.")
 
+    @model_validator(mode="after")
+    def _room_for_a_prompt(self) -> HumanEvalInfillingSuiteConfig:
+        if self.context_len < self.max_new_tokens + 16:
+            raise ValueError(f"context_len ({self.context_len}) leaves no room for a prompt beside max_new_tokens "
+                             f"({self.max_new_tokens}): it needs at least max_new_tokens + 16")
+        return self
+
 
 class LatencySuiteConfig(StageConfig):
     """Serving latency at batch size 1 (``evals.latency``). The prompts are the completion suite's items

@@ -119,6 +119,12 @@ def test_a_long_prompt_keeps_its_sentinels_the_end_of_the_prefix_and_the_start_o
     assert inf.fit(list(range(100)), list(range(100)), 10) == (list(range(95, 100)), list(range(5)))
 
 
+def test_the_context_must_leave_room_for_a_prompt():
+    with pytest.raises(ValueError, match="leaves no room for a prompt"):
+        EvalConfig(humaneval_infilling={"max_new_tokens": 64, "context_len": 70})
+    assert EvalConfig(humaneval_infilling={"max_new_tokens": 64, "context_len": 80}).humaneval_infilling
+
+
 def test_generation_stops_at_the_first_stop_id():
     assert cut_at_ids([5, 6, 2, 7, 1], [1, 2]) == [5, 6]
     assert cut_at_ids([5, 6], [1]) == [5, 6]
