@@ -397,8 +397,8 @@ def evaluate(
     preset: Annotated[str | None, typer.Option(help="Preset whose evaluate/gate sections apply (default: "
                                                     f"{DEFAULT_PRESET}).")] = None,
     corpus: Annotated[str | None, typer.Option(help="Corpus artifact (val split); default: newest.")] = None,
-    suite: Annotated[list[str] | None,
-                     typer.Option(help="Suites (bpb, completion, humaneval, latency); repeatable.")] = None,
+    suite: Annotated[list[str] | None, typer.Option(help=f"Suites ({', '.join(get_args(SuiteName))}); "
+                                                                     "repeatable.")] = None,
     samples: Annotated[Path | None, typer.Option(help="Score this HumanEval samples JSONL instead.")] = None,
     no_gate: Annotated[bool, typer.Option("--no-gate", help="Do not compare with the champion.")] = False,
     unsafe_no_sandbox: Annotated[bool, typer.Option("--unsafe-no-sandbox",
@@ -413,6 +413,7 @@ def evaluate(
             raise typer.BadParameter(f"samples file not found: {samples}", param_hint="--samples")
         cfg.evaluate.suites = ["humaneval"]
     cfg.evaluate.humaneval.unsafe_no_sandbox = unsafe_no_sandbox
+    cfg.evaluate.humaneval_infilling.unsafe_no_sandbox = unsafe_no_sandbox
     cfg.gate.enabled = not no_gate
     _preflight(cfg, "evaluate")
     _prefect_defaults(cfg)

@@ -340,6 +340,37 @@ class HumanEvalSuiteConfig(StageConfig):
     batch_size: int = runtime_only(default=16, gt=0, description="Prompts per generation batch.")
 
 
+InfillingType = Literal["single_line", "multi_line", "random_span"]
+
+
+class HumanEvalInfillingSuiteConfig(StageConfig):
+    types: list[InfillingType] = Field(["single_line", "multi_line", "random_span"], min_length=1,
+                                       description="Task types (Bavarian et al. 2022): single_line (each non-blank "
+                                       "line of a canonical solution), multi_line (each span of whole lines), "
+                                       "random_span (10 spans per problem between random characters).")
+    mode: Literal["psm", "spm"] = Field("psm", description="FIM prompt order, as training builds it: psm "
+                                        "(prefix, suffix, then the middle) or spm (suffix, then prefix + middle).")
+    max_tasks_per_type: int | None = Field(None, gt=0, description="At most this many tasks of each type (a fixed "
+                                           "subsample by task-id hash, spread over the problems); empty = all.")
+    max_new_tokens: int = Field(64, gt=0, description="Most tokens generated per middle (generation also stops at "
+                                                      "EOS or a FIM sentinel).")
+    context_len: int = Field(512, ge=16, description="Prompt tokens kept (the prefix loses its start, the suffix "
+                                                     "its end) plus new tokens.")
+    wall_s: float = Field(10.0, gt=0, description="Wall-clock limit per program.")
+    cpu_s: int = Field(10, gt=0, description="Seconds of CPU per program (RLIMIT_CPU).")
+    memory_mb: int = Field(1024, gt=64, description="Address space per program, in MiB (RLIMIT_AS).")
+    unsafe_no_sandbox: bool = Field(False, description="Run model code WITHOUT isolation. Logged on the run.")
+    workers: int | None = runtime_only(default=None, description="Parallel sandboxes; empty = CPU count.")
+    batch_size: int = runtime_only(default=16, gt=0, description="Prompts per generation batch.")
+
+    @model_validator(mode="after")
+    def _room_for_a_prompt(self) -> HumanEvalInfillingSuiteConfig:
+        if self.context_len < self.max_new_tokens + 16:
+            raise ValueError(f"context_len ({self.context_len}) leaves no room for a prompt beside max_new_tokens "
+                             f"({self.max_new_tokens}): it needs at least max_new_tokens + 16")
+        return self
+
+
 class LatencySuiteConfig(StageConfig):
     """Serving latency at batch size 1 (``evals.latency``). The prompts are the completion suite's items
     (``evaluate.completion.max_files`` val files, the eval seed's target lines) at its ``context_len``. The
@@ -357,8 +388,8 @@ class LatencySuiteConfig(StageConfig):
                                        "keep machines of one hardware class apart, or change it to measure again.")
 
 
-SuiteName = Literal["bpb", "completion", "humaneval", "latency"]
-SUITES: tuple[SuiteName, ...] = ("bpb", "completion", "humaneval", "latency")
+SuiteName = Literal["bpb", "completion", "humaneval", "humaneval_infilling", "latency"]
+SUITES: tuple[SuiteName, ...] = ("bpb", "completion", "humaneval", "humaneval_infilling", "latency")
 
 
 class EvalConfig(StageConfig):
@@ -366,6 +397,7 @@ class EvalConfig(StageConfig):
     bpb: BpbSuiteConfig = Field(default_factory=BpbSuiteConfig)
     completion: CompletionSuiteConfig = Field(default_factory=CompletionSuiteConfig)
     humaneval: HumanEvalSuiteConfig = Field(default_factory=HumanEvalSuiteConfig)
+    humaneval_infilling: HumanEvalInfillingSuiteConfig = Field(default_factory=HumanEvalInfillingSuiteConfig)
     latency: LatencySuiteConfig = Field(default_factory=LatencySuiteConfig)
     bootstrap_samples: int = Field(1000, ge=100, description="Bootstrap resamples for the CIs.")
     confidence: float = Field(0.95, gt=0, lt=1, description="Level of the bootstrap confidence intervals "
@@ -376,8 +408,9 @@ class EvalConfig(StageConfig):
 
 class GateMetricConfig(StageConfig):
     name: str = Field(description="Eval metric: val_bpb, completion_exact_match, completion_edit_similarity, "
-                                  "humaneval_pass_at_1, humaneval_plus_pass_at_1, latency_ttft_ms, "
-                                  "latency_per_token_ms (milliseconds, lower is better; margin in ms).")
+                                  "humaneval_pass_at_1, humaneval_plus_pass_at_1, humaneval_infilling_pass_at_1, "
+                                  "latency_ttft_ms, latency_per_token_ms (milliseconds, lower is better; margin in "
+                                  "ms).")
     margin: float = Field(0.0, ge=0, description="Tolerated loss before a difference counts as a regression.")
     uncalibrated_margin: float | None = Field(
         None, ge=0, description="With no seed-noise calibration of the champion's config (codemill calibrate), "
@@ -394,7 +427,8 @@ class GateConfig(StageConfig):
     metrics: list[GateMetricConfig] = Field(
         default_factory=lambda: [GateMetricConfig(name="val_bpb", margin=0.01),
                                  GateMetricConfig(name="completion_edit_similarity", margin=0.02),
-                                 GateMetricConfig(name="humaneval_pass_at_1", margin=0.02)],
+                                 GateMetricConfig(name="humaneval_pass_at_1", margin=0.02),
+                                 GateMetricConfig(name="humaneval_infilling_pass_at_1", margin=0.02)],
         description="Metrics the gate tests; those of suites not run are skipped.")
 
 

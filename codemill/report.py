@@ -13,15 +13,19 @@ from typing import Any
 
 def eval_report_markdown(title: str, scores: Mapping[str, float], gate: Mapping[str, Any] | None,
                          links: Mapping[str, str],
-                         costs: Mapping[str, tuple[str, Mapping[str, float]]] | None = None) -> str:
-    """Scores with their 95% CIs, the gate verdict with both noise components and the MDE per metric, where
-    to look next, and (last) one cost line per stage: ``costs`` = stage -> (status, cost)."""
+                         costs: Mapping[str, tuple[str, Mapping[str, float]]] | None = None,
+                         skipped: Mapping[str, str] | None = None) -> str:
+    """Scores with their 95% CIs, the suites that did not apply to the model (``skipped``: suite -> reason),
+    the gate verdict with both noise components and the MDE per metric, where to look next, and (last) one
+    cost line per stage: ``costs`` = stage -> (status, cost)."""
     lines = [f"# {title}", "", "| metric | value | 95% CI |", "|---|---|---|"]
     for key in sorted(k for k in scores if "_ci_" not in k):
         low, high = scores.get(f"{key}_ci_low"), scores.get(f"{key}_ci_high")
         ci = f"{low:.4f} - {high:.4f}" if low is not None and high is not None else ""
         lines.append(f"| {key} | {scores[key]:.4f} | {ci} |")
     lines.append("")
+    if skipped:
+        lines += [f"- suite {suite} skipped: {reason}" for suite, reason in sorted(skipped.items())] + [""]
     if gate:
         lines += [f"**Gate verdict: {gate['verdict']}** ({gate.get('reason', '')}); "
                   f"{gate.get('registered_model')}@{gate.get('alias')} = version {gate.get('champion_version')}", ""]
@@ -146,6 +150,17 @@ def latency_line(scores: Mapping[str, Any], device: str | None = None) -> str | 
     return line + f", {s['latency_tokens_per_s']:.0f} tok/s" + (f" on {device}" if device else "")
 
 
+def skipped_suites(stages: Mapping[str, Any]) -> dict[str, str]:
+    """Suite -> why it did not apply to the model, from a flow result's ``stages`` (``eval:<suite>`` steps whose
+    summary says ``skipped``); the steps are StageResults or their JSON dumps."""
+    out = {}
+    for key, st in stages.items():
+        summary = st.get("summary") if isinstance(st, Mapping) else getattr(st, "summary", None)
+        if key.startswith("eval:") and summary and summary.get("skipped"):
+            out[key.removeprefix("eval:")] = str(summary["skipped"])
+    return out
+
+
 def summary_lines(out: Mapping[str, Any], wall_s: float) -> list[str]:
     """The run summary for an 80-column log: one line per stage (status, cost, artifact), the scores, the
     gate with each metric's noise, where to look."""
@@ -166,6 +181,8 @@ def summary_lines(out: Mapping[str, Any], wall_s: float) -> list[str]:
     latency = latency_line(s, ((out["stages"].get("eval:latency") or {}).get("summary") or {}).get("device"))
     if latency:
         lines += textwrap.wrap(latency, LOG_WIDTH, subsequent_indent="  ")
+    for suite, reason in sorted(skipped_suites(out["stages"]).items()):
+        lines += textwrap.wrap(f"{suite}: skipped ({reason})", LOG_WIDTH, subsequent_indent="  ")
     g = out.get("gate")
     if g:
         lines += ["", *textwrap.wrap(f"gate: {g['verdict']} ({g['reason']}); {g['registered_model']}@{g['alias']} = "

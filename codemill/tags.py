@@ -17,6 +17,7 @@ MODEL_URI = "codemill.model_uri"
 HF_DIR = "codemill.hf_dir"
 SUITE = "codemill.suite"
 UNSAFE_NO_SANDBOX = "codemill.eval.unsafe_no_sandbox"
+SUITE_SKIPPED = "codemill.eval.skipped"  # why a suite did not apply to the model (it logged no metrics)
 TRAIN_DATA_DIGEST = "codemill.train_data_digest"
 SAMPLING_MODEL_ID = "codemill.rl.sampling_model_id"  # RL update run: the LoggedModel whose samples it trained on
 EXTERNAL_PATH = "codemill.external_path"

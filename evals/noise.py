@@ -47,6 +47,7 @@ UNCALIBRATED_MARGINS: dict[str, float] = {
     "completion_edit_similarity": 0.05,
     "completion_exact_match": 0.05,
     "humaneval_pass_at_1": 0.05,
+    "humaneval_infilling_pass_at_1": 0.05,
 }
 DEFAULT_UNCALIBRATED_MARGIN = 0.05
 DEFAULT_POWER = 0.8

@@ -20,7 +20,7 @@ from prefect.artifacts import (
 )
 
 from codemill.lineage import Lineage
-from codemill.report import eval_report_markdown, ingest_table, loss_curve_png
+from codemill.report import eval_report_markdown, ingest_table, loss_curve_png, skipped_suites
 from codemill.store import ArtifactStore
 from codemill.tasks.common import StageResult
 
@@ -73,6 +73,7 @@ def publish_run_artifacts(store: ArtifactStore, lineage: Lineage, parent_run_id:
     if model is not None:
         publish_loss_curve(store, lineage, model, parent_run_id)
     costs = {k: (v.status, v.cost) for k, v in stages.items()}
-    create_markdown_artifact(eval_report_markdown(title, scores, verdict, links, costs), key="eval-report",
+    create_markdown_artifact(eval_report_markdown(title, scores, verdict, links, costs,
+                                                  skipped_suites(stages)), key="eval-report",
                              description=f"run report (scores, gate: {verdict['verdict'] if verdict else 'not run'}, "
                                          "cost per stage)")

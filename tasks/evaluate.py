@@ -73,14 +73,20 @@ def metrics_of(stats: dict[str, Any]) -> dict[str, float]:
 
 
 def _summary(m: Manifest) -> dict[str, Any]:
+    """What the flow result keeps of an evaluation: its metrics, what it ran on (latency), or why the suite
+    skipped the model."""
+    skipped = {"skipped": m.stats["skipped"]} if m.stats.get("skipped") else {}
     described = {k: m.stats[k] for k in DESCRIBED if isinstance(m.stats.get(k), str)}
-    return {"suite": m.stats["suite"], "model_id": m.stats["model_id"], **described, **metrics_of(m.stats)}
+    return {"suite": m.stats["suite"], "model_id": m.stats["model_id"], **described, **skipped,
+            **metrics_of(m.stats)}
 
 
 def _record(store: ArtifactStore, suite: str, model: ResolvedModel, data: ArtifactRef):
     def record(lineage: Lineage, run_id: str, m: Manifest) -> dict[str, Any]:
         lineage.log_eval(run_id, model.model_id, data, metrics_of(m.stats), dataset_name=data.name)
         lineage.tag(run_id, {T.MODEL_ID: model.model_id, T.SUITE: suite, T.MODEL_DIGEST: model.ref.digest})
+        if m.stats.get("skipped"):
+            lineage.tag(run_id, {T.SUITE_SKIPPED: str(m.stats["skipped"])[:5000]})
         if m.stats.get("unsafe_no_sandbox"):
             lineage.tag(run_id, {T.UNSAFE_NO_SANDBOX: "true"})
         if m.stats.get("engine"):  # a measurement of the machine too (latency): say which, on the run
@@ -106,7 +112,10 @@ def evaluate_suite_task(plan: StagePlan, ctx: RunContext, cfg: EvalConfig, model
         progress.sink().stage(STAGE, f"{suite}: {model.ref.uri}")
         rows, summary = suites.get(suite).run(_suite_run(store, plan, cfg, model, w))
         rows.write_parquet(w.path(suites.rows_file(suite)))
-        logger.info("evaluate %s: %s", suite, metrics_of(summary))
+        if summary.get("skipped"):
+            logger.info("evaluate %s: skipped (%s)", suite, summary["skipped"])
+        else:
+            logger.info("evaluate %s: %s", suite, metrics_of(summary))
         metrics.get().eval_suite_wall_seconds.labels(suite).set(time.perf_counter() - started)
         return w.finish({**summary, "suite": suite, "model_id": model.model_id})
 

@@ -7,10 +7,11 @@ from __future__ import annotations
 import polars as pl
 
 from codemill.evals.gate import ItemScores
-from codemill.evals.suites import bpb, completion, humaneval, latency
+from codemill.evals.suites import bpb, completion, humaneval, humaneval_infilling, latency
 from codemill.evals.suites.base import EvalModel, Metric, Suite, SuiteRun, load_eval_model, load_val_files
 
-REGISTRY: dict[str, Suite] = {s.name: s for s in (bpb.SUITE, completion.SUITE, humaneval.SUITE, latency.SUITE)}
+REGISTRY: dict[str, Suite] = {s.name: s for s in (bpb.SUITE, completion.SUITE, humaneval.SUITE,
+                                                 humaneval_infilling.SUITE, latency.SUITE)}
 SUITE_VERSIONS: dict[str, str] = {name: s.code_version for name, s in REGISTRY.items()}
 # Which suite's rows a gate metric is scored from.
 SUITE_OF_METRIC: dict[str, str] = {m.name: s.name for s in REGISTRY.values() for m in s.metrics}

@@ -32,6 +32,9 @@ def small_pipeline_config(corpus: Path, tmp: Path, *, max_steps: int = 40) -> Pi
     cfg.evaluate.humaneval.max_problems = 20
     cfg.evaluate.humaneval.max_new_tokens = 24
     cfg.evaluate.humaneval.context_len = 128
+    cfg.evaluate.humaneval_infilling.max_tasks_per_type = 4
+    cfg.evaluate.humaneval_infilling.max_new_tokens = 8
+    cfg.evaluate.humaneval_infilling.context_len = 128
     cfg.augment = AugmentConfig(max_inputs=16, rounds=1, max_mutants=6)  # humaneval.plus's tests, built small
     cfg.evaluate.bootstrap_samples = 300
     return cfg

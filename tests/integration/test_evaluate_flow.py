@@ -80,3 +80,34 @@ def test_evaluation_stops_when_the_sandbox_cannot_start(hf_model, tmp_path, monk
     with pytest.raises(SandboxUnavailable, match="bubblewrap \\(bwrap\\) is not installed"):
         evaluate(model=str(hf_model), config=_config(tmp_path))
     assert not list((tmp_path / "store").glob("evaluate/humaneval-*"))
+
+
+def test_a_model_without_fim_sentinels_skips_infilling_with_its_reason(tmp_path):
+    """An HF base model (no <fim_*> tokens): the infilling suite records why it skipped, logs no metric (not
+    zeros), writes empty rows, tags the MLflow run and shows in the run summary."""
+    import polars as pl
+    from transformers import PreTrainedTokenizerFast
+
+    from codemill.data.tokenizer import EOS_TOKEN, PAD_TOKEN, train_bpe
+    from codemill.evals.suites import rows_file
+    from codemill.flows.evaluate import evaluate
+    from codemill.models.build import build_model
+    from codemill.report import summary_lines
+
+    cfg = _config(tmp_path)
+    cfg.evaluate.suites = ["humaneval_infilling"]
+    tok = train_bpe([p.prompt for p in load_problems().values()], 300, 2, special_tokens=[EOS_TOKEN, PAD_TOKEN])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS_TOKEN, pad_token=PAD_TOKEN)
+    hf = tmp_path / "base"
+    build_model(cfg.train.model, tok.get_vocab_size(), 128, 0, 1, seed=0).save_pretrained(str(hf))
+    fast.save_pretrained(str(hf))
+    out = evaluate(model=str(hf), config=cfg)
+    stage = out["stages"]["eval:humaneval_infilling"]
+    assert "no fill-in-the-middle sentinels" in stage["summary"]["skipped"]
+    assert out["scores"] == {}
+    run = MlflowClient(cfg.mlflow_tracking_uri).get_run(stage["run_id"])
+    assert "no fill-in-the-middle sentinels" in run.data.tags["codemill.eval.skipped"]
+    assert not [k for k in run.data.metrics if k.startswith("humaneval_infilling")]
+    (artifact,) = (tmp_path / "store").glob("evaluate/humaneval_infilling-*")
+    assert pl.read_parquet(artifact / rows_file("humaneval_infilling")).height == 0
+    assert any(line.startswith("humaneval_infilling: skipped (") for line in summary_lines(out, 1.0))

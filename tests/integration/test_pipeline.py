@@ -42,7 +42,8 @@ def test_every_stage_ran_and_committed_a_manifest(runs):
     cfg, first, _, _ = runs
     store = ArtifactStore(cfg.store_root)
     assert list(first["stages"]) == ["ingest", "tokenizer", "tokenize", "train", "augment", "eval:bpb",
-                                     "eval:completion", "eval:humaneval", "eval:latency"]
+                                     "eval:completion", "eval:humaneval", "eval:humaneval_infilling",
+                                     "eval:latency"]
     for name, st in first["stages"].items():
         assert st["status"] == "ran", name
         ref = _ref(st)

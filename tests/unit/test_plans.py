@@ -66,8 +66,9 @@ def test_an_evaluation_does_not_depend_on_which_other_suites_ran(tmp_path: Path)
 def test_until_keeps_a_prefix_of_the_same_steps(tmp_path: Path) -> None:
     full = _steps(tmp_path)
     assert [s.key for s in full] == ["ingest", "tokenizer", "tokenize", "train", "augment", "eval:bpb",
-                                     "eval:completion", "eval:humaneval", "eval:latency"]
-    expected = {"ingest": 1, "tokenize": 3, "train": 4, "evaluate": 9}
+                                     "eval:completion", "eval:humaneval", "eval:humaneval_infilling",
+                                     "eval:latency"]
+    expected = {"ingest": 1, "tokenize": 3, "train": 4, "evaluate": 10}
     for until in PHASES:
         prefix = _steps(tmp_path, until=until)
         assert [s.plan.digest for s in prefix] == [s.plan.digest for s in full[: expected[until]]]
@@ -112,7 +113,8 @@ def test_a_config_change_reaches_exactly_the_stages_downstream_of_it(tmp_path: P
     longer = load_preset("tiny")
     longer.tokenize.seq_len *= 2
     changed = {s.key for s in _steps(tmp_path, longer) if s.plan.digest != base[s.key]}
-    assert changed == {"tokenize", "train", "eval:bpb", "eval:completion", "eval:humaneval", "eval:latency"}
+    assert changed == {"tokenize", "train", "eval:bpb", "eval:completion", "eval:humaneval",
+                       "eval:humaneval_infilling", "eval:latency"}
 
 
 def test_describe_tells_run_from_skip_and_writes_nothing(tmp_path: Path) -> None:

@@ -1,0 +1,127 @@
+"""HumanEval infilling pass@1 (greedy), judged in the sandbox: ``evals.infilling`` builds the tasks and the
+fill-in-the-middle prompts; the middle the model writes is put back between the solution's prefix and suffix
+and the whole is judged as the completion of the HumanEval prompt, through the humaneval suite's judge harness
+(``evals.rewards.score``). A model whose tokenizer has no FIM sentinels is skipped, with the reason."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from codemill.config import EvalConfig
+from codemill.evals import humaneval as he
+from codemill.evals import infilling as inf
+from codemill.evals.gate import ItemScores
+from codemill.evals.sandbox import Limits
+from codemill.evals.sandbox.judge_pool import JudgePool
+from codemill.evals.suites.base import EvalModel, Metric, Rows, Suite, SuiteRun, ci, scores
+
+NAME = "humaneval_infilling"
+PASS_AT_1 = Metric(f"{NAME}_pass_at_1", binary=True)
+EXACT = Metric(f"{NAME}_exact_match", binary=True)
+SCHEMA = {"item_id": pl.String, "cluster": pl.String, "type": pl.String, "middle": pl.String,
+          "prediction": pl.String, "outcome": pl.String, "error": pl.String, "exact_match": pl.Float64}
+
+
+def type_metric(kind: str, metric: str = "pass_at_1") -> str:
+    """A per-type summary key, e.g. ``humaneval_infilling_single_line_pass_at_1``."""
+    return f"{NAME}_{kind}_{metric}"
+
+
+def infilling_pool(cfg: EvalConfig) -> JudgePool:
+    h = cfg.humaneval_infilling
+    return JudgePool(Limits(wall_s=h.wall_s, cpu_s=h.cpu_s, memory_bytes=h.memory_mb << 20), workers=h.workers,
+                     unsafe=h.unsafe_no_sandbox)
+
+
+def skip_reason(m: EvalModel) -> str | None:
+    return inf.missing_sentinels_reason(m.tokenizer.get_vocab())
+
+
+def infill(m: EvalModel, tasks: list[inf.InfillTask], cfg: EvalConfig) -> list[str]:
+    """The greedy middle of every task: its FIM prompt at the id level, generation until EOS, a FIM sentinel
+    or ``max_new_tokens``. Prompts go through generation shortest first (less padding), answers in task order."""
+    from codemill.evals.generate import SamplingParams, generate_ids
+
+    h, tok = cfg.humaneval_infilling, m.tokenizer
+    ids = inf.fim_ids(tok.get_vocab())
+    if ids is None:
+        raise ValueError(skip_reason(m))
+
+    def encode(text: str) -> list[int]:
+        return list(tok(text, add_special_tokens=False)["input_ids"])
+
+    prompts = [inf.fim_prompt(encode, ids, t.prefix, t.suffix, h.mode, h.context_len - h.max_new_tokens)
+               for t in tasks]
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    stops = [tok.eos_token_id, ids.prefix, ids.middle, ids.suffix]
+    new = generate_ids(m.model, [prompts[i] for i in order], SamplingParams(max_new_tokens=h.max_new_tokens),
+                       stop_ids=stops, pad_id=tok.pad_token_id, batch_size=h.batch_size, device=m.device,
+                       seed=cfg.seed)
+    out = [""] * len(tasks)
+    for i, row in zip(order, new, strict=True):
+        out[i] = str(tok.decode(row, skip_special_tokens=True, clean_up_tokenization_spaces=False))
+    return out
+
+
+def score_middles(tasks: list[inf.InfillTask], middles: list[str], cfg: EvalConfig, pool: JudgePool) -> Rows:
+    """Judge each task's program (solution prefix + middle + solution suffix after the prompt) and aggregate:
+    pass@1 and exact match overall and per type, CIs resampling problems (a problem's tasks share a cluster)."""
+    problems = he.load_problems()
+    results = he.execute(problems, [{"task_id": t.problem_id, "completion": t.completion(mid)}
+                                    for t, mid in zip(tasks, middles, strict=True)], pool)
+    rows = pl.DataFrame({"item_id": [t.task_id for t in tasks], "cluster": [t.problem_id for t in tasks],
+                         "type": [t.type for t in tasks], "middle": [t.middle for t in tasks],
+                         "prediction": middles, "outcome": [r.outcome for r in results],
+                         "error": [r.error for r in results],
+                         "exact_match": [float(p == t.middle) for p, t in zip(middles, tasks, strict=True)]},
+                        schema=SCHEMA)
+    h = cfg.humaneval_infilling
+    summary: dict[str, Any] = {"tasks": dict(Counter(t.type for t in tasks)), "problems": rows["cluster"].n_unique(),
+                               "mode": h.mode, "unsafe_no_sandbox": h.unsafe_no_sandbox, "sandbox": pool.isolation,
+                               "outcomes": dict(Counter(r.outcome for r in results)),
+                               "suspicious": dict(Counter(r.suspicious for r in results if r.suspicious))}
+    summary.update(_aggregate(rows, cfg, PASS_AT_1.name, EXACT.name))
+    for kind in inf.TASK_TYPES:
+        part = rows.filter(pl.col("type") == kind)
+        if part.height:
+            summary.update(_aggregate(part, cfg, type_metric(kind), type_metric(kind, "exact_match")))
+    return rows, summary
+
+
+def _aggregate(rows: pl.DataFrame, cfg: EvalConfig, passed_key: str, exact_key: str) -> dict[str, Any]:
+    passed = (rows["outcome"] == "passed").cast(pl.Float64).to_numpy()
+    clusters, ones = rows["cluster"].to_numpy(), np.ones(rows.height)
+    return {**ci(passed, ones, clusters, cfg, passed_key), **ci(rows["exact_match"].to_numpy(), ones, clusters, cfg,
+                                                               exact_key)}
+
+
+def skipped(reason: str) -> Rows:
+    """No rows and no metrics (not zeros): the suite does not apply to this model."""
+    return pl.DataFrame(schema=SCHEMA), {"skipped": reason}
+
+
+def run(r: SuiteRun) -> Rows:
+    cfg = r.cfg
+    h = cfg.humaneval_infilling
+    reason = skip_reason(r.model)
+    if reason:
+        return skipped(reason)
+    tasks = inf.make_tasks(he.load_problems().values(), h.types, h.max_tasks_per_type)
+    with infilling_pool(cfg) as pool:  # probes first: fail closed before generating anything
+        middles = infill(r.model, tasks, cfg)
+        return score_middles(tasks, middles, cfg, pool)
+
+
+def item_scores(rows: pl.DataFrame) -> dict[str, ItemScores]:
+    if rows.height == 0:  # skipped: nothing to compare
+        return {}
+    rows = rows.sort("item_id").with_columns(passed=(pl.col("outcome") == "passed").cast(pl.Float64))
+    return {PASS_AT_1.name: scores(rows, PASS_AT_1, "passed"), EXACT.name: scores(rows, EXACT, "exact_match")}
+
+
+SUITE = Suite(NAME, inf.INFILLING_CODE_VERSION, "humaneval", run, item_scores, (PASS_AT_1, EXACT),
+              logged=(f"{NAME}_",), uses_sandbox=lambda cfg: not cfg.humaneval_infilling.unsafe_no_sandbox)
