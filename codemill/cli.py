@@ -412,8 +412,11 @@ def evaluate(
         if not samples.is_file():
             raise typer.BadParameter(f"samples file not found: {samples}", param_hint="--samples")
         cfg.evaluate.suites = ["humaneval"]
-    cfg.evaluate.humaneval.unsafe_no_sandbox = unsafe_no_sandbox
-    cfg.evaluate.humaneval_infilling.unsafe_no_sandbox = unsafe_no_sandbox
+    from codemill.evals.suites import REGISTRY
+
+    for section in (s.config(cfg.evaluate) for s in REGISTRY.values()):  # every suite that runs model code
+        if "unsafe_no_sandbox" in type(section).model_fields:
+            section.unsafe_no_sandbox = unsafe_no_sandbox  # type: ignore[attr-defined]
     cfg.gate.enabled = not no_gate
     _preflight(cfg, "evaluate")
     _prefect_defaults(cfg)

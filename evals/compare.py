@@ -36,10 +36,14 @@ def eval_artifacts(reader: LineageReader, store: ArtifactStore, model_id: str) -
 
 
 def paired(a: list[Manifest], b: list[Manifest]) -> tuple[Manifest, Manifest] | None:
-    """The newest pair of evaluations of one suite on the same data with the same suite config."""
+    """The newest pair of evaluations of one suite with the same suite config and the same inputs besides the
+    model (the data, and e.g. HumanEval's augmented tests or a samples file)."""
+    def others(m: Manifest) -> dict[str, Any]:
+        return {k: v for k, v in m.inputs.items() if k != "model"}
+
     for ma in a:
         for mb in b:
-            if ma.inputs.get("data") == mb.inputs.get("data") and ma.config == mb.config:
+            if others(ma) == others(mb) and ma.config == mb.config:
                 return ma, mb
     return None
 

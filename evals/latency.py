@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import os
 import platform
+import subprocess
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -169,6 +170,18 @@ def torch_threads(n: int | None) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
+def visible_gpu() -> str:
+    """``cuda:<id> <GPU name>`` of the first visible GPU, from ``nvidia-smi``: asking torch would create a CUDA
+    context in the process that plans the run, holding GPU memory before training starts."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip() or "0"
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader", "-i", visible],
+                             capture_output=True, text=True, timeout=30, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        out = ""
+    return f"cuda:{visible} {out.splitlines()[0]}" if out else f"cuda:{visible}"
+
+
 def machine_identity(label: str = "", threads: int | None = None) -> dict[str, Any]:
     """What a latency number is a property of besides the checkpoint, hashed into the latency suite's digest:
     the hardware class (CPU model, CPUs this process may use, the GPU the eval runs on), the threads torch uses
@@ -180,7 +193,7 @@ def machine_identity(label: str = "", threads: int | None = None) -> dict[str, A
     cuda = torch.cuda.is_available()
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return {"label": label, "arch": platform.machine(), "cpu": cpu_model(), "cpus": cpus,
-            "threads": threads or torch.get_num_threads(), "device": device_name("cuda") if cuda else "cpu",
+            "threads": threads or torch.get_num_threads(), "device": visible_gpu() if cuda else "cpu",
             "torch": torch.__version__, "cuda": torch.version.cuda if cuda else None,
             "transformers": _version("transformers")}
 

@@ -78,7 +78,9 @@ def _calibrate(config: PipelineConfig, seeds: int, from_champion: bool) -> dict[
         existing = sorted(cal.seeds_of_key(store, key))
         chosen = choose_seeds(config.train.seed, seeds, existing)
         logger.info("calibrating %s on seeds %s (already trained: %s)", key[:12], chosen, existing)
-        stages = execute([s for s in base if s.phase in ("ingest", "tokenize")], ctx, store)
+        # The data stages and HumanEval's augmented tests are the same for every seed: built once, here.
+        stages = execute([s for s in base if s.phase in ("ingest", "tokenize") or s.plan.stage == "augment"],
+                         ctx, store)
         runs = train_and_evaluate(config, sources, chosen, ctx, store)
         stages |= runs.stages()
         trained, evals = runs.trained, runs.evals

@@ -34,7 +34,7 @@ from codemill.evals.plus.reduce import greedy_cover
 from codemill.evals.plus.runner import Batch, BatchRunner, Call
 from codemill.evals.problems import ExecProblem
 
-PLUS_CODE_VERSION = "plus-v1"
+PLUS_CODE_VERSION = "plus-v2"  # v2: a crashed call gets a fresh child once
 ORIGINAL_CHECK = "_plus_original_check"
 REFERENCE_TIMEOUTS = 3  # a round's candidates after this many slow ones are rejected unrun (a blow-up family)
 Judge = Callable[[list[tuple[ExecProblem, str]]], list[Any]]  # JudgePool.judge_all
@@ -177,7 +177,7 @@ def _run_seeds(live: list[_Work], cfg: AugmentConfig, runner: BatchRunner) -> No
 def _small(value: Any, cfg: AugmentConfig) -> bool:
     try:
         return len(to_source(value)) <= cfg.max_literal_chars
-    except TypeError:
+    except (TypeError, ValueError):  # not plain data, or an int too long for its decimal source
         return False
 
 
@@ -197,7 +197,7 @@ def _round(live: list[_Work], cfg: AugmentConfig, runner: BatchRunner, r: int) -
             child = mutator.mutate_args(rng.choice(w.inputs))
             try:
                 k = key(child)
-            except TypeError:
+            except (TypeError, ValueError):
                 continue
             if k in w.seen:
                 continue
@@ -283,8 +283,9 @@ def _original_kills(live: list[_Work], judge_mutants: Judge) -> None:
 
 def _augmented_kills(live: list[_Work], judge_mutants: Judge) -> None:
     """Mutants the original tests miss, judged on the augmented tests (those they kill, the augmented tests kill
-    too: they run the original check first)."""
-    items = [(w, m) for w in live for m in range(len(w.mutants)) if m not in w.killed_original]
+    too: they run the original check first). A problem that keeps its original tests catches no more."""
+    shipped = [w for w in live if w.augmented is not None and w.chosen and not w.counts.fallback]
+    items = [(w, m) for w in shipped for m in range(len(w.mutants)) if m not in w.killed_original]
     verdicts = judge_mutants([(w.augmented or w.problem, _completion(w.mutants[m])) for w, m in items]
                              ) if items else []
     for w in live:

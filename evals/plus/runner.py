@@ -144,12 +144,18 @@ class BatchRunner:
     def _run(self, slot: _Slot, batch: Batch) -> list[Call]:
         out: list[Call] = []
         timeouts = 0
+        retried = -1
         n = len(batch.inputs)
         while len(out) < n:
             if batch.max_timeouts is not None and timeouts >= batch.max_timeouts:
                 out += [Call("skipped")] * (n - len(out))
                 break
             ended = self._sample(slot, batch, out)
+            if ended is not None and ended.status == "crashed" and retried != len(out):
+                # One child answers many inputs, so its CPU limit counts them all: a crash (SIGXCPU after many
+                # good answers) may be the batch's doing, not this input's. It gets one fresh child.
+                retried = len(out)
+                continue
             if ended is not None:
                 out.append(ended)
                 timeouts += ended.status == "timeout"

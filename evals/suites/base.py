@@ -22,7 +22,7 @@ from codemill.data.corpus import read_split, split_key
 from codemill.evals.gate import ItemScores
 from codemill.evals.stats import bootstrap_ratio_ci
 
-if TYPE_CHECKING:  # torch and the model code load only when a model is evaluated, not on a no-change rerun
+if TYPE_CHECKING:  # the model code loads when a model is evaluated (latency's plan imports torch for the machine)
     import torch
     from transformers import PreTrainedTokenizerBase
 

@@ -13,17 +13,24 @@ EXACT = Metric("completion_exact_match", binary=True)
 EDIT = Metric("completion_edit_similarity")
 
 
+def completion_items(r: SuiteRun) -> list[comp.CompletionItem]:
+    """One item per val file (``evaluate.completion.max_files`` of them): the completion suite's items, and the
+    latency suite's prompts."""
+    val, clusters = r.val(r.cfg.completion.max_files)
+    files = [(f"{rp}/{p}", c, t) for rp, p, c, t in zip(val["repo"], val["path"], clusters, val["content"],
+                                                        strict=True)]
+    return comp.make_items(files, r.cfg.seed)
+
+
 def run(r: SuiteRun) -> Rows:
     from codemill.evals.generate import SamplingParams, generate
 
-    cfg, m = r.cfg, r.model
+    cfg = r.cfg
     sc = cfg.completion
-    val, clusters = r.val(sc.max_files)
-    files = [(f"{rp}/{p}", c, t) for rp, p, c, t in zip(val["repo"], val["path"], clusters, val["content"],
-                                                        strict=True)]
-    items = comp.make_items(files, cfg.seed)
+    items = completion_items(r)
     if not items:
         raise ValueError("no completion items: the val files have no lines to complete")
+    m = r.model
     preds = generate(m.model, m.tokenizer, [it.prefix for it in items],
                      SamplingParams(max_new_tokens=sc.max_new_tokens, stop=("\n",)), batch_size=sc.batch_size,
                      max_context=sc.context_len, device=m.device, seed=cfg.seed)

@@ -18,6 +18,7 @@ from codemill.evals import completion as comp
 from codemill.evals import latency as lat
 from codemill.evals.gate import ItemScores
 from codemill.evals.suites.base import Metric, Rows, Suite, SuiteRun, scores
+from codemill.evals.suites.completion import completion_items
 
 LATENCY_CODE_VERSION = "eval-latency-v1"
 TTFT = Metric("latency_ttft_ms", higher_is_better=False)  # per item: its time to first token
@@ -35,10 +36,7 @@ def pick(n_items: int, n: int) -> list[int]:
 def prompts(r: SuiteRun) -> tuple[list[comp.CompletionItem], list[list[int]]]:
     """The timed items and their prompt tokens (left-truncated as the completion suite truncates)."""
     cfg = r.cfg
-    val, clusters = r.val(cfg.completion.max_files)
-    files = [(f"{rp}/{p}", c, t) for rp, p, c, t in zip(val["repo"], val["path"], clusters, val["content"],
-                                                        strict=True)]
-    items = comp.make_items(files, cfg.seed)
+    items = completion_items(r)
     items = [items[i] for i in pick(len(items), cfg.latency.prompts)]
     if not items:
         raise ValueError("no latency prompts: the val files have no lines to complete")

@@ -7,7 +7,11 @@ from pathlib import Path
 from codemill.config import AugmentConfig, PipelineConfig, SourceConfig, load_preset
 
 
-def small_pipeline_config(corpus: Path, tmp: Path, *, max_steps: int = 40) -> PipelineConfig:
+def small_pipeline_config(corpus: Path, tmp: Path, *, max_steps: int = 40, all_suites: bool = False
+                          ) -> PipelineConfig:
+    """``all_suites``: the preset's suites and HumanEval's augmented tests; else bpb, completion and humaneval
+    without them (the suites' own tests and the pipeline test cover the others: every pipeline test that built
+    them again would only add time)."""
     cfg = load_preset("tiny")
     cfg.name = f"test-{tmp.name}"
     cfg.store_root = str(tmp / "store")
@@ -37,4 +41,7 @@ def small_pipeline_config(corpus: Path, tmp: Path, *, max_steps: int = 40) -> Pi
     cfg.evaluate.humaneval_infilling.context_len = 128
     cfg.augment = AugmentConfig(max_inputs=16, rounds=1, max_mutants=6)  # humaneval.plus's tests, built small
     cfg.evaluate.bootstrap_samples = 300
+    if not all_suites:
+        cfg.evaluate.suites = ["bpb", "completion", "humaneval"]
+        cfg.evaluate.humaneval.plus = False
     return cfg

@@ -28,7 +28,9 @@ from codemill.tasks.augment import augment_task, plan_augment
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_harness")]
 
 IDS = ("HumanEval/18", "HumanEval/34", "HumanEval/40")
-SMALL = AugmentConfig(max_inputs=24, rounds=2, max_mutants=12, workers=2)
+# Every kept input (no reduction): which inputs a reduction keeps follows the mutants, and the wrong solution
+# below is not one of them; the pipeline test runs the reduction.
+SMALL = AugmentConfig(max_inputs=24, rounds=2, max_mutants=12, reduce=False, workers=2)
 # unique(l): "sorted unique elements". set() of small ints iterates in sorted order by accident, so the original
 # tests' one call passes; a mutated input with a large element exposes it (a classic wrong solution).
 WRONG_UNIQUE = "    return list(set(l))\n"
@@ -104,7 +106,7 @@ def test_the_problems_stage_option_augments_verified_problems(tmp_path):
     path.write_text(json.dumps(rec) + "\n")
     cfg = PipelineConfig(name=f"test-{tmp_path.name}", store_root=str(tmp_path / "store"),
                          work_dir=str(tmp_path / "work"), mlflow_tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
-    full = SMALL.model_copy(update={"reduce": False})  # every kept input: some put an element out of hash order
+    full = SMALL  # every kept input: some put an element out of hash order
     cfg.problems = ProblemsConfig(sources=[ProblemSourceConfig(kind="jsonl", path=str(path))], val_fraction=0.0,
                                   augment=full, workers=2)
     assert "augment" in cfg.problems.digest_config() and "augment" not in ProblemsConfig().digest_config()

@@ -34,6 +34,7 @@ def hf_model(tmp_path):
 def _config(tmp_path):
     cfg = small_pipeline_config(tmp_path, tmp_path)
     cfg.evaluate.suites = ["humaneval"]
+    cfg.evaluate.humaneval.plus = True
     cfg.evaluate.humaneval.max_problems = 6
     cfg.gate.enabled = False
     return cfg

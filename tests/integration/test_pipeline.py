@@ -26,7 +26,7 @@ def runs(small_corpus, tmp_path_factory):
     from codemill.flows.pipeline import pipeline
 
     tmp = tmp_path_factory.mktemp("pipeline")
-    cfg = small_pipeline_config(small_corpus, tmp)
+    cfg = small_pipeline_config(small_corpus, tmp, all_suites=True)
     first = pipeline(config=cfg)
     second = pipeline(config=cfg)
     with temporary_settings(updates={PREFECT_TASKS_REFRESH_CACHE: True}):
