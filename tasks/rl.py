@@ -114,7 +114,8 @@ def _device(cfg: RLConfig) -> str:
 
 def sample_and_judge(cfg: RLConfig, problems: list, policy_hf: str, seed: int, k: int, ray_address: str | None,
                      say) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """k judged samples per problem (rows sorted by group, sample) and the timings, in this process or on Ray."""
+    """k judged samples per problem (rows sorted by group, sample) and the timings (with ``engine``: what sampled
+    them), in this process (the engine ``rl.rollout.engine`` names) or on Ray (HFEngine workers)."""
     from codemill.evals.engines import RolloutParams
     from codemill.evals.sandbox import Limits
 
@@ -125,21 +126,25 @@ def sample_and_judge(cfg: RLConfig, problems: list, policy_hf: str, seed: int, k
     if ray_address:
         from codemill.evals.rollout_ray import collect_rollouts_ray
 
+        if r.engine != "hf":
+            raise ValueError(f"rl.rollout.engine {r.engine!r} does not run on Ray (its workers use HFEngine)")
         rows, timings = collect_rollouts_ray(ray_address, policy_hf, problems, k, params, limits, seed,
                                              batch_problems=r.batch_problems, overlap=r.overlap,
                                              max_context=r.context_len, device=_device(cfg), workers=r.workers)
-        return rows, {**timings.as_dict(), "weight_sync_s": 0.0}
-    from codemill.evals.engines import HFEngine
+        return rows, {**timings.as_dict(), "weight_sync_s": 0.0, "engine": "hf"}
+    from codemill.evals.engines import build_engine, engine_info
     from codemill.evals.rollout import collect_rollouts
     from codemill.evals.sandbox.judge_pool import JudgePool
 
     t0 = time.monotonic()
-    engine = HFEngine(policy_hf, device=_device(cfg), max_context=r.context_len)
+    engine = build_engine(r, policy_hf, _device(cfg))
     weight_sync_s = time.monotonic() - t0
     with JudgePool(limits, workers=r.workers) as pool, _cpu_threads_beside_judges(_device(cfg), r.overlap):
         rows, timings = collect_rollouts(engine, problems, k, params, pool, seed, batch_problems=r.batch_problems,
                                          overlap=r.overlap, on_batch=lambda i, n: say(f"batch {i}/{n}"))
-    return rows, {**timings.as_dict(), "weight_sync_s": weight_sync_s}
+    info = engine_info(engine)
+    return rows, {**timings.as_dict(), "weight_sync_s": weight_sync_s, "engine": info["engine"],
+                  "engine_version": info["version"]}
 
 
 @contextmanager
