@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -136,15 +137,41 @@ def sample_and_judge(cfg: RLConfig, problems: list, policy_hf: str, seed: int, k
     from codemill.evals.rollout import collect_rollouts
     from codemill.evals.sandbox.judge_pool import JudgePool
 
-    t0 = time.monotonic()
-    engine = build_engine(r, policy_hf, _device(cfg))
-    weight_sync_s = time.monotonic() - t0
-    with JudgePool(limits, workers=r.workers) as pool, _cpu_threads_beside_judges(_device(cfg), r.overlap):
-        rows, timings = collect_rollouts(engine, problems, k, params, pool, seed, batch_problems=r.batch_problems,
-                                         overlap=r.overlap, on_batch=lambda i, n: say(f"batch {i}/{n}"))
+    with _LIVE_LOCK:  # one rollouts task at a time on the process's live vLLM engine
+        t0 = time.monotonic()
+        engine = _live_vllm(r, policy_hf, _device(cfg)) if r.engine == "vllm" else build_engine(r, policy_hf,
+                                                                                                   _device(cfg))
+        weight_sync_s = time.monotonic() - t0
+        with JudgePool(limits, workers=r.workers) as pool, _cpu_threads_beside_judges(_device(cfg), r.overlap):
+            rows, timings = collect_rollouts(engine, problems, k, params, pool, seed,
+                                             batch_problems=r.batch_problems, overlap=r.overlap,
+                                             on_batch=lambda i, n: say(f"batch {i}/{n}"))
     info = engine_info(engine)
     return rows, {**timings.as_dict(), "weight_sync_s": weight_sync_s, "engine": info["engine"],
                   "engine_version": info["version"]}
+
+
+_LIVE_LOCK = threading.Lock()
+_LIVE: dict[str, Any] = {}  # the process's vLLM engine: its settings' key and the engine
+
+
+def _live_vllm(r: Any, policy_hf: str, device: str) -> Any:
+    """The vLLM engine of this process, started once and given each later policy's weights (``load_weights``:
+    no restart, the prefix cache reset), rather than one engine start per rollouts task; the weight sync is then
+    what ``weight_sync_s`` measures. Other settings start a fresh engine."""
+    from codemill.evals.engines import build_engine
+
+    key = json.dumps([r.vllm.model_dump(), r.context_len, device])
+    live = _LIVE.get("vllm")
+    if live is not None and live[0] == key:
+        engine = live[1]
+        if engine.policy_dir != policy_hf:
+            engine.load_weights(policy_hf)
+        return engine
+    _LIVE.clear()
+    engine = build_engine(r, policy_hf, device)
+    _LIVE["vllm"] = (key, engine)
+    return engine
 
 
 @contextmanager
