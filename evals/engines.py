@@ -290,8 +290,8 @@ class VLLMWorkerExtension:
     """Mixed into every vLLM worker (``LLM(worker_extension_cls=...)``): the weight sync the engine calls through
     ``LLM.collective_rpc``. vLLM 0.32's worker reloads weights in place itself (``reload_weights``: it reads the
     tensors into the model's parameters, then redoes the kernel-format processing a plain
-    ``model.load_weights`` leaves stale); this streams the folder's safetensors into it and reports how many
-    tensors it read."""
+    ``model.load_weights`` leaves stale); this streams the folder's safetensors into it, reprocesses a tied
+    output head, and reports how many tensors it read."""
 
     def codemill_load_weights(self, hf_dir: str) -> int:
         count = 0
@@ -303,6 +303,14 @@ class VLLMWorkerExtension:
                 yield item
 
         self.reload_weights(weights_iterator=counted())  # type: ignore[attr-defined]  # the vLLM worker's
+        # A tied output head (tie_word_embeddings) shares the embedding's tensor, so reload_weights loads nothing
+        # into it and skips its processing: on CPU the head's packed GEMM copy (cpu_linear) kept the old weights
+        # and the logits came from them. Redo it (it keeps the weight itself: safe for an untied head too).
+        model = self.model_runner.get_model()  # type: ignore[attr-defined]
+        head = getattr(model, "lm_head", None)
+        method = getattr(head, "quant_method", None)
+        if method is not None and hasattr(method, "process_weights_after_loading"):
+            method.process_weights_after_loading(head)
         return count
 
 
