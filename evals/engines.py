@@ -320,7 +320,8 @@ def vllm_available() -> bool:
 
 
 VLLM_MISSING = ("rl.rollout.engine is vllm but vllm is not importable here: build its environment with "
-                "scripts/vllm-env DIR and run codemill from DIR/bin (docs/rl.md#vllm)")
+                "scripts/vllm-env DIR (pip install vllm under constraints-vllm.txt) and run codemill from DIR/bin "
+                "(docs/rl.md#vllm)")
 
 
 class VLLMEngine:
@@ -377,6 +378,15 @@ class VLLMEngine:
         if self._hf is not None:
             self._hf.load_weights(hf_dir)
         self.policy_dir = str(hf_dir)
+
+    def close(self) -> None:
+        """Stop vLLM's engine-core process (and its workers) now; idempotent. vLLM stops it when the ``LLM`` is
+        garbage-collected, but an engine kept alive until interpreter exit (a module-level cache) must be closed
+        before: multiprocessing's exit handler joins the non-daemon EngineCore process, which then waits for a
+        shutdown request that never comes, and the process hangs after its work is done."""
+        if not getattr(self, "_closed", False):
+            self._closed = True
+            self.llm.llm_engine.engine_core.shutdown()
 
     def encode(self, prompt: str, max_new_tokens: int) -> list[int]:
         budget = max(1, self.max_context - max_new_tokens)

@@ -10,6 +10,7 @@ first artifact missing from the store, with the same problems and seeds it would
 
 from __future__ import annotations
 
+import atexit
 import json
 import shutil
 import threading
@@ -153,6 +154,7 @@ def sample_and_judge(cfg: RLConfig, problems: list, policy_hf: str, seed: int, k
 
 _LIVE_LOCK = threading.Lock()
 _LIVE: dict[str, Any] = {}  # the process's vLLM engine: its settings' key and the engine
+_LIVE_EXIT: list[bool] = []  # close_live_vllm registered with atexit
 
 
 def _live_vllm(r: Any, policy_hf: str, device: str) -> Any:
@@ -168,10 +170,21 @@ def _live_vllm(r: Any, policy_hf: str, device: str) -> Any:
         if engine.policy_dir != policy_hf:
             engine.load_weights(policy_hf)
         return engine
-    _LIVE.clear()
+    close_live_vllm()
+    if not _LIVE_EXIT:  # registered after multiprocessing's exit handler, so it runs first (atexit is LIFO)
+        atexit.register(close_live_vllm)
+        _LIVE_EXIT.append(True)
     engine = build_engine(r, policy_hf, device)
     _LIVE["vllm"] = (key, engine)
     return engine
+
+
+def close_live_vllm() -> None:
+    """Stop the process's live vLLM engine, if any (``VLLMEngine.close``): at the end of the ``rl`` flow and at
+    exit. Kept until exit, its EngineCore process would make the interpreter hang there."""
+    live = _LIVE.pop("vllm", None)
+    if live is not None:
+        live[1].close()
 
 
 @contextmanager

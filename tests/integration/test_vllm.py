@@ -27,16 +27,25 @@ TOL_BF16_MAX, TOL_BF16_MEAN = 0.05, 0.01
 K, NEW, TEMPERATURE = 4, 24, 0.8
 
 
-def perturbed(src: Path, out: Path, scale: float, seed: int) -> Path:
-    """``src`` with every weight moved by ``scale`` x its tensor's std of seeded noise, saved as an HF folder."""
+def perturbed(src: Path, out: Path, scale: float, seed: int, block_gain: float = 1.0) -> Path:
+    """``src`` with every weight moved by ``scale`` x its tensor's std of seeded noise, and the blocks' weight
+    matrices then multiplied by ``block_gain``, saved as an HF folder.
+
+    A gain above 1 makes the greedy continuations vary: in the freshly initialised model (tied output head,
+    initializer_range 0.02) the blocks add little to the residual stream, so the last hidden state is about the
+    last token's embedding, the tied head's argmax is that token again, and every greedy continuation is one
+    token repeated (a greedy comparison that tests one argmax per prompt). With the blocks' matrices 4x larger
+    the next token depends on the context."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(str(src))
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for p in model.parameters():
+        for name, p in model.named_parameters():
             p.add_(torch.randn(p.shape, generator=gen) * p.std() * scale)
+            if p.dim() == 2 and "embed_tokens" not in name and "lm_head" not in name:
+                p.mul_(block_gain)
     model.save_pretrained(str(out))
     AutoTokenizer.from_pretrained(str(src)).save_pretrained(str(out))
     return out
@@ -48,15 +57,20 @@ def setup(tmp_path_factory, vllm_python) -> dict[str, Any]:
 
     root = tmp_path_factory.mktemp("vllm")
     start = make_start_policy(root / "start")  # the tiny preset's shape: head size 32 (vLLM's CPU attention)
-    policy = perturbed(start, root / "policy", 1.0, 1)
+    policy = perturbed(start, root / "policy", 1.0, 1, block_gain=4.0)
     updated = perturbed(policy, root / "updated", 0.5, 2)
+    # bfloat16's log-prob gap is measured on the model without the gain, the one docs/rl.md#vllm's tolerances
+    # were measured on (the 4x blocks' larger activations round more: max 0.084, mean 0.0075 on CPU).
+    bf16_policy = perturbed(start, root / "bf16_policy", 1.0, 1)
     prompts = [p.prompt for p in synthetic_problems(3, 6)]
     long_prompts = ["".join(prompts[i:] + prompts[:i]) * 2 for i in range(3)]  # > 2 of vLLM's 128-token blocks
-    args = {"policy": str(policy), "updated": str(updated), "prompts": prompts, "long_prompts": long_prompts,
+    args = {"policy": str(policy), "updated": str(updated), "bf16_policy": str(bf16_policy),
+            "prompts": prompts, "long_prompts": long_prompts,
             "seeds": list(range(11, 11 + len(prompts))), "k": K, "max_new_tokens": NEW, "temperature": TEMPERATURE}
     out = run_json(vllm_python, HERE / "vllm_checks.py", args, root / "checks.json")
     print(f"vLLM engine start {out['start_s']:.1f} s, load_weights {out['load_weights_s']:.2f} s")
-    return {**args, "out": out, "hf": HFEngine(policy), "hf_updated": HFEngine(updated)}
+    return {**args, "out": out, "hf": HFEngine(policy), "hf_updated": HFEngine(updated),
+            "hf_bf16": HFEngine(bf16_policy)}
 
 
 def _ids(groups) -> list[list[list[int]]]:
@@ -70,7 +84,9 @@ def test_greedy_tokens_equal_the_hf_engines(setup):
     assert [c["prompt_ids"] for g in out["greedy"] for c in g] == [c.prompt_ids for g in ref for c in g]
     assert _ids(out["greedy"]) == [[c.completion_ids for c in g] for g in ref]
     assert [c["text"] for g in out["greedy"] for c in g] == [c.text for g in ref for c in g]
-    assert len({t for g in ref for c in g for t in c.completion_ids}) >= 10  # not one token repeated
+    # Not trivially equal: each prompt's continuation differs from the others' and is not one token repeated.
+    assert len({tuple(c.completion_ids) for g in ref for c in g}) == len(setup["prompts"])
+    assert all(len(set(c.completion_ids)) >= NEW // 3 for g in ref for c in g)
     # Greedy log-probs are at temperature 1 in both engines.
     diffs = [abs(a - b) for g, r in zip(out["greedy"], ref, strict=True)
              for a, b in zip(g[0]["logprobs"], r[0].logprobs, strict=True)]
@@ -90,7 +106,7 @@ def test_sampled_logprobs_follow_the_convention(setup):
     """vLLM's processed log-probs (temperature, top_p 1) against the teacher-forced fp32 recompute of the same
     tokens: the update's own computation."""
     f32 = _logprob_diffs(setup["hf"], setup["out"]["sampled_f32"])
-    bf16 = _logprob_diffs(setup["hf"], setup["out"]["sampled_bf16"])
+    bf16 = _logprob_diffs(setup["hf_bf16"], setup["out"]["sampled_bf16"])
     print(f"float32: {len(f32)} tokens, max {max(f32):.2e}, mean {mean(f32):.2e}; "
           f"bfloat16: {len(bf16)} tokens, max {max(bf16):.2e}, mean {mean(bf16):.2e}")
     assert len(f32) == len(bf16) == sum(len(c["ids"]) for g in setup["out"]["sampled_bf16"] for c in g) > 100
@@ -103,7 +119,12 @@ def test_sampled_logprobs_follow_the_convention(setup):
 def test_load_weights_equals_a_fresh_engine_and_resets_the_prefix_cache(setup):
     out = setup["out"]
     assert out["rpc_counts"] and min(out["rpc_counts"]) > 0  # the worker extension ran and read the tensors
-    assert out["cached_blocks_hit"]
+    # A repeated long prompt found its full 128-token blocks in the prefix cache (RequestOutput.num_cached_tokens),
+    # with the same greedy tokens; after reset_prefix_cache none (the reset is what the weight sync relies on).
+    assert all(128 <= n < p and n % 128 == 0 for n, p in zip(out["cached_tokens"], out["prompt_tokens"],
+                                                              strict=True)), out["cached_tokens"]
+    assert _ids(out["long_again"]) == _ids(out["long_before"])
+    assert out["reset"] and out["cached_tokens_after_reset"] == [0] * len(setup["long_prompts"])
     # The update changed the answers, and the synced engine gives the fresh engine's, greedy and seeded.
     assert _ids(out["fresh_long"]) != _ids(out["long_before"])
     assert _ids(out["loaded_long"]) == _ids(out["fresh_long"]) == _ids(out["long_reset"])
@@ -123,19 +144,19 @@ def test_a_grpo_flow_samples_with_vllm(tmp_path, vllm_python):
 
     policy = make_start_policy(tmp_path / "start")
     cfg = rl_config(tmp_path, iterations=1, heldout_samples=2,
-                    rollout={"problems_per_iteration": 4, "samples_per_problem": 4, "max_new_tokens": 16,
-                             "workers": 2, "engine": "vllm", "vllm": {"dtype": "float32", "enforce_eager": True}},
+                    rollout={"problems_per_iteration": 3, "samples_per_problem": 2, "max_new_tokens": 8,
+                             "workers": 1, "engine": "vllm", "vllm": {"dtype": "float32", "enforce_eager": True}},
                     grpo={"micro_batch_size": 8, "nproc_per_node": 1, "device": "cpu", "lr": 1e-4})
     data = json.loads(cfg.model_dump_json())
-    data["problems"]["sources"][0]["count"] = 40
+    data["problems"]["sources"][0]["count"] = 15  # 13 train, 2 held-out problems
     config = tmp_path / "rl.yaml"
     config.write_text(json.dumps(data))
     env = script_env(PREFECT_HOME=str(tmp_path / "prefect"), PREFECT_SERVER_ALLOW_EPHEMERAL_MODE="true")
     proc = subprocess.run([str(vllm_python), "-c", "from codemill.cli import app; app()", "rl", "--config",
                            str(config), "--model", str(policy), "--json"], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=1500)
+                          text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-6000:]
-    out = json.loads(proc.stdout[proc.stdout.index("{"):])
+    out = json.loads(proc.stdout[proc.stdout.index("\n{\n"):])  # after vLLM's log lines (some hold a dict)
     from codemill.evals.rollout import read_rollouts
     from codemill.store import ArtifactStore
 

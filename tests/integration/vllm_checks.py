@@ -1,7 +1,7 @@
 """The vLLM side of tests/integration/test_vllm.py, run under the vLLM environment's python:
 ``python vllm_checks.py args.json out.json``. Three engine starts (each ~20-60 s on CPU): float32 on the policy
 (greedy, sampled log-probs, the weight sync and the prefix cache), float32 fresh on the updated weights, bfloat16
-on the policy (sampled log-probs)."""
+on ``bf16_policy`` (default: the policy; sampled log-probs)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,15 @@ def run(engine: VLLMEngine, prompts: list[str], k: int, params: RolloutParams, s
             for group in engine.generate(prompts, k, params, seeds)]
 
 
+def cached_tokens(engine: VLLMEngine, prompts: list[str]) -> list[int]:
+    """Each prompt's tokens that vLLM found in its prefix cache (``RequestOutput.num_cached_tokens``), one greedy
+    token per prompt."""
+    sp = engine._vllm.SamplingParams(temperature=0.0, max_tokens=1)
+    outputs = engine.llm.generate([{"prompt_token_ids": engine.encode(p, 1)} for p in prompts], sampling_params=sp,
+                                  use_tqdm=False)
+    return [int(o.num_cached_tokens or 0) for o in outputs]
+
+
 def main(args: dict[str, Any]) -> dict[str, Any]:
     prompts, long_prompts, seeds = args["prompts"], args["long_prompts"], args["seeds"]
     k, new = args["k"], args["max_new_tokens"]
@@ -35,11 +44,14 @@ def main(args: dict[str, Any]) -> dict[str, Any]:
     out["sampled_f32"] = run(e, prompts, k, sampled, seeds)
     long_seeds = seeds[:len(long_prompts)]
     out["long_before"] = run(e, long_prompts, 1, greedy, long_seeds)  # their prompt blocks are now cached
-    out["cached_blocks_hit"] = run(e, long_prompts, 1, greedy, long_seeds) == out["long_before"]
+    out["long_again"] = run(e, long_prompts, 1, greedy, long_seeds)
+    out["prompt_tokens"] = [len(e.encode(p, 1)) for p in long_prompts]
+    out["cached_tokens"] = cached_tokens(e, long_prompts)
     # New weights without the cache reset: the cached prompt blocks still hold the old weights' keys and values.
     out["rpc_counts"] = e.llm.collective_rpc("codemill_load_weights", args=(args["updated"],))
     out["long_stale"] = run(e, long_prompts, 1, greedy, long_seeds)
-    e.llm.reset_prefix_cache()
+    out["reset"] = e.llm.reset_prefix_cache()
+    out["cached_tokens_after_reset"] = cached_tokens(e, long_prompts)
     out["long_reset"] = run(e, long_prompts, 1, greedy, long_seeds)
     # The engine's own path (weights + reset), there and back.
     e.load_weights(args["policy"])
@@ -60,7 +72,7 @@ def main(args: dict[str, Any]) -> dict[str, Any]:
     del fresh
     gc.collect()
 
-    bf16 = VLLMEngine(args["policy"], dtype="bfloat16", **opts)
+    bf16 = VLLMEngine(args.get("bf16_policy", args["policy"]), dtype="bfloat16", **opts)
     out["sampled_bf16"] = run(bf16, prompts, k, sampled, seeds)
     out["greedy_bf16"] = run(bf16, prompts, 1, greedy, seeds)
     return out
