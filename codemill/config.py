@@ -515,6 +515,18 @@ class ProblemsConfig(StageConfig):
         return out
 
 
+class VLLMOptions(StageConfig):
+    """vLLM's settings when ``rl.rollout.engine`` is vllm (``evals.engines.VLLMEngine``)."""
+
+    dtype: Literal["bfloat16", "float16", "float32"] = Field(
+        "bfloat16", description="The dtype vLLM runs the model in: its log-probs differ from the update's fp32 "
+        "ones by this dtype's rounding (docs/rl.md#vllm has the measured gap); float32 narrows it.")
+    gpu_memory_utilization: float = runtime_only(default=0.5, gt=0, le=1, description="Share of the GPU's "
+                                                 "memory vLLM takes; the rest is the update's.")
+    enforce_eager: bool = runtime_only(default=False, description="No CUDA graphs / compilation: a faster "
+                                       "start, slower decoding (the tests' setting on CPU).")
+
+
 class RolloutConfig(StageConfig):
     """How an RL iteration samples: k completions per problem (a group), each judged in the sandbox."""
 
@@ -537,6 +549,17 @@ class RolloutConfig(StageConfig):
     memory_mb: int = Field(1024, gt=64, description="Address space per sample, in MiB (RLIMIT_AS).")
     workers: int | None = runtime_only(default=None, description="Parallel sandboxes; empty = CPU count.")
     overlap: bool = runtime_only(default=True, description="Judge batch i while batch i+1 is generated.")
+    engine: Literal["hf", "vllm"] = Field("hf", description="The rollout engine: hf (transformers, built in) or "
+                                          "vllm (the vllm extra, in its own environment: scripts/vllm-env).")
+    vllm: VLLMOptions = Field(default_factory=VLLMOptions, description="vLLM's settings (engine: vllm).")
+
+    def digest_config(self) -> dict[str, Any]:
+        """The default engine (hf) adds nothing, so rollouts sampled before the engine was a setting keep their
+        digests; vllm adds itself and its output-affecting options (its samples are not HFEngine's)."""
+        out = super().digest_config()
+        if self.engine == "hf":
+            del out["engine"], out["vllm"]
+        return out
 
 
 class FinetuneConfig(StageConfig):

@@ -40,6 +40,7 @@ class Needs:
     sandbox: bool = False
     training: bool = False
     devices: tuple[str, ...] = ()  # the device preferences ("auto", "cpu", "cuda") of the steps that train or sample
+    vllm: bool = False  # a step samples with vLLM (rl.rollout.engine: vllm)
 
 
 def needs_of(command: str, cfg: PipelineConfig, until: str = "evaluate") -> Needs:
@@ -58,7 +59,8 @@ def needs_of(command: str, cfg: PipelineConfig, until: str = "evaluate") -> Need
     if command == "problems":
         return Needs(sandbox=True)
     if command == "rl":
-        return Needs(sandbox=True, training=True, devices=(cfg.train.device, cfg.rl.grpo.device))
+        return Needs(sandbox=True, training=True, devices=(cfg.train.device, cfg.rl.grpo.device),
+                     vllm=cfg.rl.rollout.engine == "vllm")
     if command == "serve":  # serves every deployment: the pipeline, evaluation, problems and RL
         return Needs(sandbox=True, training=True, devices=(cfg.train.device,))
     raise ValueError(f"no preflight for command {command!r}")
@@ -72,6 +74,8 @@ def run_checks(cfg: PipelineConfig, needs: Needs) -> list[Check]:
         checks += [check_torchrun, lambda: check_disk(cfg)]
     if "cuda" in needs.devices:
         checks.append(check_cuda)
+    if needs.vllm:
+        checks.append(check_vllm)
     return [check() for check in checks]
 
 
@@ -128,6 +132,17 @@ def check_torchrun() -> Check:
         return Check("torchrun", "torch is not installed in this Python, so torchrun cannot start the trainer",
                      hint="pip install -c constraints.txt torch==2.13.0 (the CPU wheel), or a CUDA build on GPU")
     return Check("torchrun", detail="python -m torch.distributed.run")
+
+
+def check_vllm() -> Check:
+    """vLLM lives in an environment of its own (scripts/vllm-env): the command must run from there."""
+    from codemill.evals.engines import vllm_available
+
+    if not vllm_available():
+        return Check("vllm", "rl.rollout.engine is vllm but vllm is not importable in this Python",
+                     hint="build its environment (scripts/vllm-env DIR) and run DIR/bin/codemill, or set "
+                          "rl.rollout.engine: hf")
+    return Check("vllm", detail="importable")
 
 
 def check_cuda() -> Check:

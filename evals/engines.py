@@ -2,8 +2,8 @@
 
 The interface (``RolloutEngine``) is what the RL loop needs from a generator and nothing more: ``generate``
 (k samples per prompt under ``RolloutParams``, one seed per prompt) and ``load_weights`` (weight sync after an
-update). ``HFEngine`` is the built-in engine on transformers; ``VLLMEngine`` uses vLLM when it is installed (a
-GPU machine; it is an optional extra and not installed here).
+update). ``HFEngine`` is the built-in engine on transformers; ``VLLMEngine`` uses vLLM (the ``vllm`` extra, in an
+environment of its own: ``scripts/vllm-env``). ``build_engine`` makes the one ``rl.rollout.engine`` names.
 
 **Log-prob convention** (``docs/rl.md#log-prob-convention``): the log-prob of a sampled token is
 ``log_softmax(logits.float() / temperature)[token]`` over the model's raw logits at that position, before top-p
@@ -17,30 +17,37 @@ bit-identical results; a different grouping changes only float rounding in the l
 
 **Weights after an update** (``load_weights(hf_dir)``): the update writes the new policy as an HF folder
 (``save_pretrained`` model + tokenizer). ``HFEngine`` loads that folder's weights into its model in place.
-``VLLMEngine`` streams the folder's safetensors into the running engine's model through a worker extension
-(``collective_rpc`` -> ``model_runner.model.load_weights``), the pattern of vLLM's RLHF examples, then drops the
-prefix cache (its KV entries were computed with the old weights). Rebuilding the ``LLM`` from the folder also
-works but pays the engine start (CUDA graphs, memory profiling) every iteration.
+``VLLMEngine`` streams the folder's safetensors into the running engine's workers through a worker extension
+(``collective_rpc`` -> the worker's in-place ``reload_weights``), then drops the prefix cache (its KV entries
+were computed with the old weights). A bare ``model_runner.model.load_weights``, the older RLHF examples'
+pattern, skips the processing vLLM applies to weights after loading. Rebuilding the ``LLM`` from the folder also
+works but pays the engine start (memory profiling, CUDA graphs on a GPU) every iteration.
 """
 
 from __future__ import annotations
 
 import hashlib
 import importlib
+import importlib.util
 import inspect
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
+
+if TYPE_CHECKING:
+    from codemill.config import RolloutConfig
 
 FINISH_REASONS = ("stop", "eos", "length")
 
 
 @dataclass(frozen=True)
 class RolloutParams:
-    """How to sample (like vLLM's SamplingParams). Greedy decoding (temperature 0) is not a rollout setting."""
+    """How to sample (like vLLM's SamplingParams). ``temperature=0`` is greedy decoding: the most likely token at
+    every step (ties: the lowest id), ``top_p`` and the seeds have no effect, and the recorded log-probs are at
+    temperature 1 (``logprob_temperature``). RL samples (temperature > 0); greedy is for checks and evaluation."""
 
     temperature: float = 1.0
     top_p: float = 1.0
@@ -48,14 +55,24 @@ class RolloutParams:
     stop: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        if not self.temperature > 0:
-            raise ValueError(f"temperature must be > 0 for rollouts, got {self.temperature}")
+        if not self.temperature >= 0:
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if any(not s for s in self.stop):
             raise ValueError("stop sequences must be non-empty strings")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def logprob_temperature(temperature: float) -> float:
+    """The temperature the log-probs are computed at: the sampling temperature, or 1 for greedy decoding (the
+    model's own distribution, where the chosen token is the most likely)."""
+    return temperature if temperature > 0 else 1.0
 
 
 @dataclass(frozen=True)
@@ -125,7 +142,7 @@ def teacher_forced_logprobs(model: Any, prompt_ids: Sequence[int], completion_id
     device = next(model.parameters()).device
     ids = torch.tensor([list(prompt_ids) + list(completion_ids)], device=device)
     logits = model(input_ids=ids).logits[0, len(prompt_ids) - 1:-1].float()
-    logp = torch.log_softmax(logits / temperature, dim=-1)
+    logp = torch.log_softmax(logits / logprob_temperature(temperature), dim=-1)
     return logp.gather(-1, torch.tensor(list(completion_ids), device=device).unsqueeze(-1)).squeeze(-1).tolist()
 
 
@@ -224,8 +241,8 @@ class HFEngine:
                          logits_to_keep=1)
         next_pos = positions[:, -1:] + 1
         for t in range(steps):
-            logp = torch.log_softmax(out.logits[:, -1, :].float() / params.temperature, dim=-1)
-            chosen = sample_from(logp, params.top_p, uniforms[:, t])
+            logp = torch.log_softmax(out.logits[:, -1, :].float() / logprob_temperature(params.temperature), dim=-1)
+            chosen = logp.argmax(-1) if params.greedy else sample_from(logp, params.top_p, uniforms[:, t])
             chosen_list = chosen.tolist()
             chosen_lp = logp.gather(-1, chosen.unsqueeze(-1)).squeeze(-1).tolist() if want_logprobs else None
             for r in range(n):
@@ -270,79 +287,165 @@ def _iter_safetensors(hf_dir: str) -> Iterator[tuple[str, torch.Tensor]]:
 
 
 class VLLMWorkerExtension:
-    """Mixed into every vLLM worker (``LLM(worker_extension_cls=...)``): loads an HF folder's safetensors into the
-    running model, so weight sync needs no engine restart. Called through ``LLM.collective_rpc``."""
+    """Mixed into every vLLM worker (``LLM(worker_extension_cls=...)``): the weight sync the engine calls through
+    ``LLM.collective_rpc``. vLLM 0.32's worker reloads weights in place itself (``reload_weights``: it reads the
+    tensors into the model's parameters, then redoes the kernel-format processing a plain
+    ``model.load_weights`` leaves stale); this streams the folder's safetensors into it, reprocesses a tied
+    output head, and reports how many tensors it read."""
 
-    model_runner: Any  # provided by the vLLM worker this class is mixed into
+    def codemill_load_weights(self, hf_dir: str) -> int:
+        count = 0
 
-    def codemill_load_weights(self, hf_dir: str) -> None:
-        self.model_runner.model.load_weights(weights=_iter_safetensors(hf_dir))
+        def counted() -> Iterator[tuple[str, torch.Tensor]]:
+            nonlocal count
+            for item in _iter_safetensors(hf_dir):
+                count += 1
+                yield item
+
+        self.reload_weights(weights_iterator=counted())  # type: ignore[attr-defined]  # the vLLM worker's
+        # A tied output head (tie_word_embeddings) shares the embedding's tensor, so reload_weights loads nothing
+        # into it and skips its processing: on CPU the head's packed GEMM copy (cpu_linear) kept the old weights
+        # and the logits came from them. Redo it (it keeps the weight itself: safe for an untied head too).
+        model = self.model_runner.get_model()  # type: ignore[attr-defined]
+        head = getattr(model, "lm_head", None)
+        method = getattr(head, "quant_method", None)
+        if method is not None and hasattr(method, "process_weights_after_loading"):
+            method.process_weights_after_loading(head)
+        return count
+
+
+def vllm_available() -> bool:
+    """Whether ``vllm`` can be imported here (without importing it: that takes seconds)."""
+    return importlib.util.find_spec("vllm") is not None
+
+
+VLLM_MISSING = ("rl.rollout.engine is vllm but vllm is not importable here: build its environment with "
+                "scripts/vllm-env DIR (pip install vllm under constraints-vllm.txt) and run codemill from DIR/bin "
+                "(docs/rl.md#vllm)")
 
 
 class VLLMEngine:
-    """vLLM behind the same interface (optional: ``pip install vllm`` on a GPU machine).
+    """vLLM behind the same interface (the ``vllm`` extra, in its own environment: ``scripts/vllm-env``).
 
-    One request per sample with ``SamplingParams(n=1, seed=sample_seed(prompt seed, j), logprobs=0)``: vLLM seeds
-    each request's generator, so a sample does not depend on the rest of the batch (the same idea as ``HFEngine``;
-    the two engines do not draw the same samples); the prefix cache computes each prompt once.
+    Prompts are encoded as ``HFEngine`` encodes them (no special tokens, left-truncated to the context) and given
+    to vLLM as token ids, so both engines see the same prompt tokens; the text is decoded from the sampled ids as
+    ``HFEngine`` does. One request per sample with ``SamplingParams(n=1, seed=sample_seed(prompt seed, j),
+    logprobs=0)``: vLLM seeds each request's generator, so a sample does not depend on the rest of the batch (the
+    same idea as ``HFEngine``; the two engines do not draw the same samples); the prefix cache computes each
+    prompt once. Greedy (temperature 0) is vLLM's argmax: the same tokens as ``HFEngine``'s on the same weights,
+    up to near-ties that kernel rounding can flip.
 
-    Log-probs: vLLM returns by default *raw* log-probs (``log_softmax`` of the logits before temperature).
-    ``logprobs_mode="processed_logprobs"`` returns them after temperature **and** after top-k/top-p (renormalised
-    over the nucleus), so it equals the contract's value only when top_p is 1, which is what this engine uses
-    then. With top_p < 1 the engine recomputes the log-probs with a teacher-forced pass of an HF copy of the
-    policy (``teacher_forced_logprobs``; set ``recompute_device``), the same computation the update does.
-    vLLM computes in bf16 by default: its log-probs differ from the trainer's fp32 ones by kernel rounding (the
-    sampler/trainer mismatch TRL corrects with importance sampling); pass ``dtype="float32"`` to narrow it.
-    Stops: vLLM's ``stop`` strings end a sample and are excluded from its text; its ``token_ids`` then include the
-    token that completed the stop, as the contract wants (``finish_reason`` "stop" with ``stop_reason`` None is EOS).
+    Log-probs: ``logprobs_mode="processed_logprobs"`` returns them after temperature **and** after top-k/top-p
+    (renormalised over the nucleus), so they equal the contract's value only when top_p is 1, which is what this
+    engine uses then (for greedy, vLLM's processed log-probs are at temperature 1, as the contract's). With
+    top_p < 1 the engine recomputes them with a teacher-forced pass of an HF copy of the policy
+    (``teacher_forced_logprobs``; ``recompute_device``), the same computation the update does. The model runs in
+    ``dtype`` (bf16 by default): its log-probs differ from the trainer's fp32 ones by kernel rounding (the
+    sampler/trainer mismatch TRL corrects with importance sampling); ``dtype="float32"`` narrows it (measured
+    differences: docs/rl.md#vllm). Stops: vLLM's ``stop`` strings end a sample; its ``token_ids`` then include
+    the token that completed the stop, as the contract wants (``finish_reason`` "stop" with ``stop_reason`` None
+    is EOS).
     """
 
     def __init__(self, policy_dir: str | Path, *, dtype: str = "bfloat16", gpu_memory_utilization: float = 0.5,
-                 recompute_device: str = "cuda", **llm_kwargs: Any) -> None:
+                 max_context: int | None = None, recompute_device: str | None = None, **llm_kwargs: Any) -> None:
         try:
             vllm = importlib.import_module("vllm")
         except ImportError as exc:
-            raise RuntimeError("VLLMEngine needs vLLM (pip install vllm, on a GPU machine)") from exc
+            raise RuntimeError(VLLM_MISSING) from exc
+        from transformers import AutoTokenizer
+
         self._vllm = vllm
         self.policy_dir = str(policy_dir)
-        self.recompute_device = recompute_device
+        self.recompute_device = recompute_device or ("cuda" if torch.cuda.is_available() else "cpu")
         self._hf: HFEngine | None = None
+        self.tokenizer = AutoTokenizer.from_pretrained(self.policy_dir)
+        if max_context is not None:
+            llm_kwargs.setdefault("max_model_len", max_context)
         self.llm = vllm.LLM(model=self.policy_dir, dtype=dtype, gpu_memory_utilization=gpu_memory_utilization,
                             logprobs_mode="processed_logprobs",
                             worker_extension_cls=f"{__name__}.VLLMWorkerExtension", **llm_kwargs)
-        self.tokenizer = self.llm.get_tokenizer()
+        self.max_context = int(self.llm.llm_engine.model_config.max_model_len)
 
     def load_weights(self, hf_dir: str | Path) -> None:
-        self.llm.collective_rpc("codemill_load_weights", args=(str(hf_dir),))
-        self.llm.reset_prefix_cache()
+        """The updated policy's weights into the running workers (no restart), then the prefix cache dropped: its
+        KV entries were computed with the old weights, and a cached prompt would otherwise keep them."""
+        counts = self.llm.collective_rpc("codemill_load_weights", args=(str(hf_dir),))
+        if not counts or min(counts) == 0:
+            raise RuntimeError(f"{hf_dir}: no weights were loaded into the vLLM workers ({counts})")
+        if not self.llm.reset_prefix_cache():
+            raise RuntimeError("vLLM did not reset its prefix cache after the weight sync")
         if self._hf is not None:
             self._hf.load_weights(hf_dir)
         self.policy_dir = str(hf_dir)
 
+    def close(self) -> None:
+        """Stop vLLM's engine-core process (and its workers) now; idempotent. vLLM stops it when the ``LLM`` is
+        garbage-collected, but an engine kept alive until interpreter exit (a module-level cache) must be closed
+        before: multiprocessing's exit handler joins the non-daemon EngineCore process, which then waits for a
+        shutdown request that never comes, and the process hangs after its work is done."""
+        if not getattr(self, "_closed", False):
+            self._closed = True
+            self.llm.llm_engine.engine_core.shutdown()
+
+    def encode(self, prompt: str, max_new_tokens: int) -> list[int]:
+        budget = max(1, self.max_context - max_new_tokens)
+        ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"][-budget:]
+        if not ids:
+            raise ValueError(f"prompt {prompt[:40]!r} encodes to no tokens")
+        return list(ids)
+
     def generate(self, prompts: Sequence[str], k: int, params: RolloutParams,
                  seeds: Sequence[int]) -> list[list[Completion]]:
+        if len(seeds) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(seeds)} seeds")
         # One request per sample, each with its own seed (as HFEngine's rows); the prefix cache shares the prompt.
         requests = [(i, j) for i in range(len(prompts)) for j in range(k)]
-        sp = [self._vllm.SamplingParams(n=1, seed=sample_seed(int(seeds[i]), j) % (2**31),
-                                        temperature=params.temperature, top_p=params.top_p,
+        encoded = [self.encode(p, params.max_new_tokens) for p in prompts]
+        sp = [self._vllm.SamplingParams(n=1, seed=None if params.greedy else sample_seed(int(seeds[i]), j) % 2**31,
+                                        temperature=params.temperature, top_p=1.0 if params.greedy else params.top_p,
                                         max_tokens=params.max_new_tokens, stop=list(params.stop), logprobs=0,
                                         include_stop_str_in_output=False)
               for i, j in requests]
-        outputs = self.llm.generate([prompts[i] for i, _ in requests], sampling_params=sp, use_tqdm=False)
+        outputs = self.llm.generate([{"prompt_token_ids": encoded[i]} for i, _ in requests], sampling_params=sp,
+                                    use_tqdm=False)
         result: list[list[Completion]] = [[] for _ in prompts]
         for (i, _), req in zip(requests, outputs, strict=True):
             prompt_ids = list(req.prompt_token_ids)
             (c,) = req.outputs
             ids = list(c.token_ids)
-            if params.top_p < 1.0:
+            if params.top_p < 1.0 and not params.greedy:
                 lps = teacher_forced_logprobs(self._recompute_model(), prompt_ids, ids, params.temperature)
             else:
                 lps = [float(step[tok].logprob) for step, tok in zip(c.logprobs, ids, strict=True)]
             reason = "length" if c.finish_reason == "length" else ("stop" if c.stop_reason is not None else "eos")
-            result[i].append(Completion(c.text, prompt_ids, ids, lps, reason))
+            text, _ = truncate_at_stop(str(self.tokenizer.decode(ids, skip_special_tokens=True)), params.stop)
+            result[i].append(Completion(text, prompt_ids, ids, lps, reason))
         return result
 
     def _recompute_model(self) -> Any:
         if self._hf is None:
             self._hf = HFEngine(self.policy_dir, device=self.recompute_device)
         return self._hf.model
+
+
+def build_engine(rollout: RolloutConfig, policy_dir: str | Path, device: str) -> HFEngine | VLLMEngine:
+    """The engine ``rollout.engine`` names, on ``policy_dir``, with its context and options: the one place the RL
+    flow and the benchmarks make an engine."""
+    if rollout.engine == "vllm":
+        o = rollout.vllm
+        return VLLMEngine(policy_dir, dtype=o.dtype, gpu_memory_utilization=o.gpu_memory_utilization,
+                          enforce_eager=o.enforce_eager, max_context=rollout.context_len, recompute_device=device)
+    return HFEngine(policy_dir, device=device, max_context=rollout.context_len)
+
+
+def engine_info(engine: RolloutEngine) -> dict[str, str]:
+    """What sampled a rollouts artifact (recorded in its manifest): the engine and its library's version."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    if isinstance(engine, VLLMEngine):
+        return {"engine": "vllm", "version": str(engine._vllm.__version__)}
+    try:
+        return {"engine": "hf", "version": version("transformers")}
+    except PackageNotFoundError:
+        return {"engine": "hf", "version": "unknown"}

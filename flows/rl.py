@@ -36,6 +36,7 @@ from codemill.tasks.resolve_model import ResolvedModel, resolve_model, trained_m
 from codemill.tasks.rl import (
     HELDOUT,
     ROLLOUTS_FILE,
+    close_live_vllm,
     plan_rollouts,
     plan_update,
     plan_warm_start,
@@ -130,8 +131,11 @@ def _run_name() -> str:
 def rl(config: PipelineConfig = PipelineConfig(), model: str | None = None) -> dict[str, Any]:  # noqa: B008
     """RL for code (``config.rl``) from ``model`` (a LoggedModel id, a store artifact or an HF folder; empty =
     the champion) on the problem set ``config.problems``; then the final policy is evaluated and gated."""
-    with flow_run_metrics(config, "rl"):
-        return run_rl(config, model)
+    try:
+        with flow_run_metrics(config, "rl"):
+            return run_rl(config, model)
+    finally:
+        close_live_vllm()  # the rollouts' vLLM engine (rl.rollout.engine vllm): its memory back for what follows
 
 
 def run_rl(config: PipelineConfig, model: str | None) -> dict[str, Any]:

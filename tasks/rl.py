@@ -10,8 +10,10 @@ first artifact missing from the store, with the same problems and seeds it would
 
 from __future__ import annotations
 
+import atexit
 import json
 import shutil
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -114,7 +116,8 @@ def _device(cfg: RLConfig) -> str:
 
 def sample_and_judge(cfg: RLConfig, problems: list, policy_hf: str, seed: int, k: int, ray_address: str | None,
                      say) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """k judged samples per problem (rows sorted by group, sample) and the timings, in this process or on Ray."""
+    """k judged samples per problem (rows sorted by group, sample) and the timings (with ``engine``: what sampled
+    them), in this process (the engine ``rl.rollout.engine`` names) or on Ray (HFEngine workers)."""
     from codemill.evals.engines import RolloutParams
     from codemill.evals.sandbox import Limits
 
@@ -125,21 +128,63 @@ def sample_and_judge(cfg: RLConfig, problems: list, policy_hf: str, seed: int, k
     if ray_address:
         from codemill.evals.rollout_ray import collect_rollouts_ray
 
+        if r.engine != "hf":
+            raise ValueError(f"rl.rollout.engine {r.engine!r} does not run on Ray (its workers use HFEngine)")
         rows, timings = collect_rollouts_ray(ray_address, policy_hf, problems, k, params, limits, seed,
                                              batch_problems=r.batch_problems, overlap=r.overlap,
                                              max_context=r.context_len, device=_device(cfg), workers=r.workers)
-        return rows, {**timings.as_dict(), "weight_sync_s": 0.0}
-    from codemill.evals.engines import HFEngine
+        return rows, {**timings.as_dict(), "weight_sync_s": 0.0, "engine": "hf"}
+    from codemill.evals.engines import build_engine, engine_info
     from codemill.evals.rollout import collect_rollouts
     from codemill.evals.sandbox.judge_pool import JudgePool
 
-    t0 = time.monotonic()
-    engine = HFEngine(policy_hf, device=_device(cfg), max_context=r.context_len)
-    weight_sync_s = time.monotonic() - t0
-    with JudgePool(limits, workers=r.workers) as pool, _cpu_threads_beside_judges(_device(cfg), r.overlap):
-        rows, timings = collect_rollouts(engine, problems, k, params, pool, seed, batch_problems=r.batch_problems,
-                                         overlap=r.overlap, on_batch=lambda i, n: say(f"batch {i}/{n}"))
-    return rows, {**timings.as_dict(), "weight_sync_s": weight_sync_s}
+    with _LIVE_LOCK:  # one rollouts task at a time on the process's live vLLM engine
+        t0 = time.monotonic()
+        engine = _live_vllm(r, policy_hf, _device(cfg)) if r.engine == "vllm" else build_engine(r, policy_hf,
+                                                                                                   _device(cfg))
+        weight_sync_s = time.monotonic() - t0
+        with JudgePool(limits, workers=r.workers) as pool, _cpu_threads_beside_judges(_device(cfg), r.overlap):
+            rows, timings = collect_rollouts(engine, problems, k, params, pool, seed,
+                                             batch_problems=r.batch_problems, overlap=r.overlap,
+                                             on_batch=lambda i, n: say(f"batch {i}/{n}"))
+    info = engine_info(engine)
+    return rows, {**timings.as_dict(), "weight_sync_s": weight_sync_s, "engine": info["engine"],
+                  "engine_version": info["version"]}
+
+
+_LIVE_LOCK = threading.Lock()
+_LIVE: dict[str, Any] = {}  # the process's vLLM engine: its settings' key and the engine
+_LIVE_EXIT: list[bool] = []  # close_live_vllm registered with atexit
+
+
+def _live_vllm(r: Any, policy_hf: str, device: str) -> Any:
+    """The vLLM engine of this process, started once and given each later policy's weights (``load_weights``:
+    no restart, the prefix cache reset), rather than one engine start per rollouts task; the weight sync is then
+    what ``weight_sync_s`` measures. Other settings start a fresh engine."""
+    from codemill.evals.engines import build_engine
+
+    key = json.dumps([r.vllm.model_dump(), r.context_len, device])
+    live = _LIVE.get("vllm")
+    if live is not None and live[0] == key:
+        engine = live[1]
+        if engine.policy_dir != policy_hf:
+            engine.load_weights(policy_hf)
+        return engine
+    close_live_vllm()
+    if not _LIVE_EXIT:  # registered after multiprocessing's exit handler, so it runs first (atexit is LIFO)
+        atexit.register(close_live_vllm)
+        _LIVE_EXIT.append(True)
+    engine = build_engine(r, policy_hf, device)
+    _LIVE["vllm"] = (key, engine)
+    return engine
+
+
+def close_live_vllm() -> None:
+    """Stop the process's live vLLM engine, if any (``VLLMEngine.close``): at the end of the ``rl`` flow and at
+    exit. Kept until exit, its EngineCore process would make the interpreter hang there."""
+    live = _LIVE.pop("vllm", None)
+    if live is not None:
+        live[1].close()
 
 
 @contextmanager

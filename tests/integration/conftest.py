@@ -33,3 +33,15 @@ def two_model_runs(corpus: Path, tmp: Path) -> dict[str, Any]:
 @pytest.fixture(scope="session")
 def lineage_runs(prefect_harness, small_corpus, tmp_path_factory) -> dict[str, Any]:
     return two_model_runs(small_corpus, tmp_path_factory.mktemp("lineage"))
+
+
+@pytest.fixture(scope="session")
+def vllm_python() -> Path:
+    """The vLLM environment's python (tests/integration/vllm_env.py): built on first use, then cached; a failed
+    build fails the test with pip's error."""
+    from tests.integration.vllm_env import vllm_python as build
+
+    try:
+        return build()
+    except RuntimeError as e:
+        pytest.fail(str(e), pytrace=False)

@@ -101,6 +101,16 @@ def test_an_unreachable_tracking_server_and_a_missing_gpu_are_named_together(emp
     assert_stopped_before_anything(out, empty_dir, [e.removeprefix("error: ") for e in errors])
 
 
+def test_the_vllm_engine_without_vllm_stops_the_rl_run(empty_dir, tmp_path):
+    """rl.rollout.engine: vllm in the main environment (no vLLM there) is one line before the first stage."""
+    config = tmp_path / "vllm.yaml"
+    config.write_text("rl:\n  rollout:\n    engine: vllm\n")
+    out = codemill(["rl", "--config", str(config), "--model", str(tmp_path / "no-model")], empty_dir)
+    assert_stopped_before_anything(out, empty_dir, [
+        "rl.rollout.engine is vllm but vllm is not importable in this Python"])
+    assert "hint: build its environment (scripts/vllm-env DIR)" in out.stderr
+
+
 def test_plan_shows_the_checks_and_does_not_fail(empty_dir, small_corpus, tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("")

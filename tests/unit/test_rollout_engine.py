@@ -146,9 +146,27 @@ def test_load_weights_syncs_the_engine_to_an_updated_policy(policy, tmp_path):
     assert engine.policy_dir == str(other)
 
 
+def test_greedy_takes_the_most_likely_token_with_logprobs_at_temperature_one(engine):
+    """temperature 0: every token is the argmax of the teacher-forced logits, the seeds and top_p do not matter,
+    and the log-probs are the model's own (temperature 1) distribution's."""
+    params = RolloutParams(temperature=0.0, max_new_tokens=12)
+    out = engine.generate(PROMPTS[:3], 2, params, SEEDS[:3])
+    assert out == engine.generate(PROMPTS[:3], 2, RolloutParams(temperature=0.0, top_p=0.5, max_new_tokens=12),
+                                  [s + 100 for s in SEEDS[:3]])
+    for a, b in out:
+        assert a == b
+        ids = torch.tensor([a.prompt_ids + a.completion_ids])
+        with torch.no_grad():
+            logits = engine.model(input_ids=ids).logits[0, len(a.prompt_ids) - 1:-1].float()
+        assert logits.argmax(-1).tolist() == a.completion_ids
+        ref = teacher_forced_logprobs(engine.model, a.prompt_ids, a.completion_ids, 0.0)
+        assert ref == pytest.approx(torch.log_softmax(logits, -1).max(-1).values.tolist(), abs=1e-6)
+        assert max(abs(x - y) for x, y in zip(ref, a.logprobs, strict=True)) < 1e-5
+
+
 def test_bad_params_are_refused():
     with pytest.raises(ValueError, match="temperature"):
-        RolloutParams(temperature=0.0)
+        RolloutParams(temperature=-0.1)
     with pytest.raises(ValueError, match="top_p"):
         RolloutParams(top_p=0.0)
     with pytest.raises(ValueError, match="stop"):
