@@ -157,6 +157,16 @@ def _eos_ids(tokenizer: Any, model: Any) -> set[int]:
     return ids
 
 
+def encode_prompt(tokenizer: Any, prompt: str, max_context: int, max_new_tokens: int) -> list[int]:
+    """A prompt's token ids, left-truncated to leave ``max_new_tokens`` of the context: both engines encode
+    prompts this one way, so they sample from the same tokens."""
+    budget = max(1, max_context - max_new_tokens)
+    ids = tokenizer(prompt, add_special_tokens=False)["input_ids"][-budget:]
+    if not ids:
+        raise ValueError(f"prompt {prompt[:40]!r} encodes to no tokens")
+    return list(ids)
+
+
 class HFEngine:
     """Batched sampling on a transformers causal LM: left padding, a KV cache, one forward per new token.
 
@@ -197,11 +207,7 @@ class HFEngine:
         self.policy_dir = str(hf_dir)
 
     def encode(self, prompt: str, max_new_tokens: int) -> list[int]:
-        budget = max(1, self.max_context - max_new_tokens)
-        ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"][-budget:]
-        if not ids:
-            raise ValueError(f"prompt {prompt[:40]!r} encodes to no tokens")
-        return list(ids)
+        return encode_prompt(self.tokenizer, prompt, self.max_context, max_new_tokens)
 
     def generate(self, prompts: Sequence[str], k: int, params: RolloutParams, seeds: Sequence[int], *,
                  logprobs: bool = True) -> list[list[Completion]]:
@@ -389,11 +395,7 @@ class VLLMEngine:
             self.llm.llm_engine.engine_core.shutdown()
 
     def encode(self, prompt: str, max_new_tokens: int) -> list[int]:
-        budget = max(1, self.max_context - max_new_tokens)
-        ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"][-budget:]
-        if not ids:
-            raise ValueError(f"prompt {prompt[:40]!r} encodes to no tokens")
-        return list(ids)
+        return encode_prompt(self.tokenizer, prompt, self.max_context, max_new_tokens)
 
     def generate(self, prompts: Sequence[str], k: int, params: RolloutParams,
                  seeds: Sequence[int]) -> list[list[Completion]]:

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from codemill.config import EvalConfig
+from codemill.config import EvalConfig, HumanEvalInfillingSuiteConfig, HumanEvalSuiteConfig
 from codemill.evals import humaneval as he
 from codemill.evals.gate import ItemScores
 from codemill.evals.problems import ExecProblem
@@ -25,11 +25,15 @@ PLUS_PASS_AT_1 = Metric("humaneval_plus_pass_at_1", binary=True)
 SAMPLED_PREFIX = "humaneval_sampled_pass_at_"
 
 
+def suite_pool(section: HumanEvalSuiteConfig | HumanEvalInfillingSuiteConfig) -> JudgePool:
+    """The judge pool of a suite that runs model code, from its section's sandbox limits; entering it probes the
+    sandbox, so it fails closed before any model code runs."""
+    return JudgePool(Limits(wall_s=section.wall_s, cpu_s=section.cpu_s, memory_bytes=section.memory_mb << 20),
+                     workers=section.workers, unsafe=section.unsafe_no_sandbox)
+
+
 def humaneval_pool(cfg: EvalConfig) -> JudgePool:
-    """The judge pool of the suite; entering it probes the sandbox, so it fails closed before any model code runs."""
-    h = cfg.humaneval
-    return JudgePool(Limits(wall_s=h.wall_s, cpu_s=h.cpu_s, memory_bytes=h.memory_mb << 20), workers=h.workers,
-                     unsafe=h.unsafe_no_sandbox)
+    return suite_pool(cfg.humaneval)
 
 
 def humaneval_samples(m: EvalModel, problems: dict[str, ExecProblem], cfg: EvalConfig) -> list[dict]:

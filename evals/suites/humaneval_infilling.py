@@ -15,9 +15,9 @@ from codemill.config import EvalConfig
 from codemill.evals import humaneval as he
 from codemill.evals import infilling as inf
 from codemill.evals.gate import ItemScores
-from codemill.evals.sandbox import Limits
 from codemill.evals.sandbox.judge_pool import JudgePool
 from codemill.evals.suites.base import EvalModel, Metric, Rows, Suite, SuiteRun, ci, scores
+from codemill.evals.suites.humaneval import suite_pool
 
 NAME = "humaneval_infilling"
 PASS_AT_1 = Metric(f"{NAME}_pass_at_1", binary=True)
@@ -32,9 +32,7 @@ def type_metric(kind: str, metric: str = "pass_at_1") -> str:
 
 
 def infilling_pool(cfg: EvalConfig) -> JudgePool:
-    h = cfg.humaneval_infilling
-    return JudgePool(Limits(wall_s=h.wall_s, cpu_s=h.cpu_s, memory_bytes=h.memory_mb << 20), workers=h.workers,
-                     unsafe=h.unsafe_no_sandbox)
+    return suite_pool(cfg.humaneval_infilling)
 
 
 def skip_reason(m: EvalModel) -> str | None:
