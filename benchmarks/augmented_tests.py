@@ -1,4 +1,4 @@
-"""HumanEval+-style augmented tests (``codemill.evals.plus``) against the original HumanEval tests, with mutants of
+"""HumanEval+-style augmented tests (``codemill.problems.plus``) against the original HumanEval tests, with mutants of
 the canonical solutions as ground truth: a mutant is a known-wrong program (or an equivalent one), so "the
 original tests pass it, the augmented tests fail it" is a wrong solution the original tests let through.
 

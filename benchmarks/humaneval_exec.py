@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 
 from codemill.evals.humaneval import execute, load_problems, pass_at_k_scores, write_samples
-from codemill.evals.sandbox import Limits
-from codemill.evals.sandbox.judge_pool import JudgePool
+from codemill.sandbox import Limits
+from codemill.sandbox.judge_pool import JudgePool
 
 
 def time_reference(samples_file: Path, workers: int) -> tuple[float, dict]:

@@ -41,14 +41,14 @@ from codemill.config import IngestConfig, SourceConfig
 from codemill.cpus import usable_cpus
 from codemill.data.ingest import run_ingest
 from codemill.data.sources import stdlib_root
-from codemill.evals.engines import HFEngine, RolloutParams
 from codemill.evals.humaneval import STOP_SEQUENCES
-from codemill.evals.rollout import collect_rollouts
-from codemill.evals.sandbox import Limits
-from codemill.evals.sandbox.judge_pool import Judged, JudgePool, count_verdict
-from codemill.evals.sandbox.runner import Outcome
-from codemill.evals.synthetic import synthetic_problems
 from codemill.metrics.push import flow_metrics
+from codemill.problems.synthetic import synthetic_problems
+from codemill.rl.engines import HFEngine, RolloutParams
+from codemill.rl.rollout import collect_rollouts
+from codemill.sandbox import Limits
+from codemill.sandbox.judge_pool import Judged, JudgePool, count_verdict
+from codemill.sandbox.runner import Outcome
 from codemill.tasks.ingest import count_ingest
 
 PACKAGES = ["email", "json", "http", "logging", "importlib", "concurrent", "xmlrpc", "urllib"]

@@ -19,8 +19,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from codemill.evals.mining import mine_doctest_problems
-from codemill.evals.problems import ExecProblem
+from codemill.problems.mining import mine_doctest_problems
+from codemill.problems.problem import ExecProblem
 
 
 def stdlib_files() -> Iterator[tuple[str, str, str]]:
@@ -59,8 +59,8 @@ def print_counts(name: str, counts: dict[str, int], seconds: float) -> None:
 
 
 def verify(problems: list[ExecProblem], workers: int) -> tuple[list[bool], collections.Counter, float]:
-    from codemill.evals.sandbox import Limits
-    from codemill.evals.sandbox.judge_pool import JudgePool
+    from codemill.sandbox import Limits
+    from codemill.sandbox.judge_pool import JudgePool
 
     t0 = time.perf_counter()
     with JudgePool(Limits(wall_s=5, cpu_s=5), workers=workers) as pool:

@@ -3,7 +3,7 @@ overlapping the judge with generation; then the rollout comparisons of ``benchma
 throughput against bare batched generation, reward throughput against bare sandbox execution).
 
 The iteration is the rl flow's own pieces outside Prefect: ``collect_rollouts`` (HFEngine or vLLM, JudgePool)
-then ``codemill.models.rl_update`` under torchrun (DDP or FSDP2) on the rollouts it just wrote, then the engine
+then ``codemill.rl.update`` under torchrun (DDP or FSDP2) on the rollouts it just wrote, then the engine
 reloading the updated weights (weight sync). Dynamic sampling is off so the update does its full work even when
 an untrained policy fails every problem (a policy that passes some is given with ``--policy``).
 
@@ -32,14 +32,14 @@ import torch
 
 from codemill.config import GRPOConfig
 from codemill.cpus import usable_cpus
-from codemill.evals.engines import HFEngine, RolloutEngine, RolloutParams, VLLMEngine
 from codemill.evals.humaneval import STOP_SEQUENCES
-from codemill.evals.rollout import collect_rollouts, write_rollouts
-from codemill.evals.sandbox import Limits
-from codemill.evals.sandbox.judge_pool import JudgePool
-from codemill.evals.synthetic import synthetic_problems
 from codemill.models.launch import threads_per_rank, torchrun_command
-from codemill.models.rl_update import SUMMARY, RLUpdateSpec
+from codemill.problems.synthetic import synthetic_problems
+from codemill.rl.engines import HFEngine, RolloutEngine, RolloutParams, VLLMEngine
+from codemill.rl.rollout import collect_rollouts, write_rollouts
+from codemill.rl.update import SUMMARY, RLUpdateSpec
+from codemill.sandbox import Limits
+from codemill.sandbox.judge_pool import JudgePool
 
 
 def update_once(policy: str, rollouts: Path, work: Path, args: argparse.Namespace) -> tuple[float, dict]:
@@ -52,7 +52,7 @@ def update_once(policy: str, rollouts: Path, work: Path, args: argparse.Namespac
     (work / "spec.json").write_text(spec.model_dump_json())
     env = {**os.environ, "OMP_NUM_THREADS": str(threads_per_rank(args.nproc)), "TQDM_DISABLE": "1"}
     t0 = time.perf_counter()
-    r = subprocess.run(torchrun_command(str(work / "spec.json"), args.nproc, module="codemill.models.rl_update"),
+    r = subprocess.run(torchrun_command(str(work / "spec.json"), args.nproc, module="codemill.rl.update"),
                        env=env, capture_output=True, text=True, timeout=1800)
     wall = time.perf_counter() - t0
     if r.returncode != 0:

@@ -34,7 +34,10 @@ from pathlib import Path
 import torch
 
 from codemill.cpus import usable_cpus
-from codemill.evals.engines import (
+from codemill.evals.generate import SamplingParams, generate
+from codemill.evals.humaneval import STOP_SEQUENCES
+from codemill.problems.synthetic import synthetic_problems
+from codemill.rl.engines import (
     HFEngine,
     RolloutEngine,
     RolloutParams,
@@ -42,12 +45,9 @@ from codemill.evals.engines import (
     derive_seed,
     teacher_forced_logprobs,
 )
-from codemill.evals.generate import SamplingParams, generate
-from codemill.evals.humaneval import STOP_SEQUENCES
-from codemill.evals.rollout import collect_rollouts, prompt_seed
-from codemill.evals.sandbox import Limits
-from codemill.evals.sandbox.judge_pool import JudgePool
-from codemill.evals.synthetic import synthetic_problems
+from codemill.rl.rollout import collect_rollouts, prompt_seed
+from codemill.sandbox import Limits
+from codemill.sandbox.judge_pool import JudgePool
 
 
 def tiny_policy(root: Path) -> Path:
@@ -61,7 +61,7 @@ def tiny_policy(root: Path) -> Path:
 
 def bwrap_version() -> str:
     """The bwrap the judge pool runs (the system's or the bundled one: ``CODEMILL_BWRAP``) and its version."""
-    from codemill.evals.sandbox.binary import resolve
+    from codemill.sandbox.binary import resolve
 
     found = resolve()
     return f"{found.version} ({found.origin})"

@@ -284,7 +284,7 @@ def _run_on_problem_sources(cfg: PipelineConfig, command: str, start) -> tuple[d
     """A flow that reads ``cfg.problems``: a missing file or bucket is one line before anything starts; a
     malformed line or file is named after the flow stopped, and nothing is committed."""
     from codemill.data.sources import SourceError
-    from codemill.evals.problem_sets import ProblemFileError, fingerprint_problem_sources
+    from codemill.problems.sets import ProblemFileError, fingerprint_problem_sources
 
     try:
         fingerprint_problem_sources(cfg.problems)

@@ -262,7 +262,7 @@ class TrainConfig(StageConfig):
 
 
 class GRPOConfig(StageConfig):
-    """The GRPO policy update of one RL iteration (``codemill.models.rl_update``; formulas in ``models/grpo.py``).
+    """The GRPO policy update of one RL iteration (``codemill.rl.update``; formulas in ``rl/algorithms/grpo.py``).
 
     Defaults follow DAPO as verl runs it (clip-higher 0.2/0.28, no KL, token-mean, dynamic sampling, overlong
     masking); ``norm_adv_by_std=False`` with ``loss_agg="seq-mean-token-sum-norm"`` is Dr. GRPO.
@@ -459,7 +459,7 @@ class ProblemSourceConfig(StageConfig):
 class AugmentConfig(StageConfig):
     """HumanEval+-style test augmentation (EvalPlus): new inputs by type-aware mutation of the literal inputs in
     each problem's tests, expected outputs from the reference solution in the sandbox, then reduction to the
-    inputs that kill mutants of the reference which the original tests miss (``codemill.evals.plus``)."""
+    inputs that kill mutants of the reference which the original tests miss (``codemill.problems.plus``)."""
 
     seed: int = Field(0, description="Seed of the input mutation and of the mutant choice.")
     max_problems: int | None = Field(None, ge=1, description="First N problems of the file; empty = all. The "
@@ -516,7 +516,7 @@ class ProblemsConfig(StageConfig):
 
 
 class VLLMOptions(StageConfig):
-    """vLLM's settings when ``rl.rollout.engine`` is vllm (``evals.engines.VLLMEngine``)."""
+    """vLLM's settings when ``rl.rollout.engine`` is vllm (``rl.engines.VLLMEngine``)."""
 
     dtype: Literal["bfloat16", "float16", "float32"] = Field(
         "bfloat16", description="The dtype vLLM runs the model in: its log-probs differ from the update's fp32 "

@@ -113,8 +113,8 @@ def check_tracking(cfg: PipelineConfig) -> Check:
 
 
 def check_sandbox() -> Check:
-    from codemill.evals.sandbox import Sandbox, SandboxUnavailable
-    from codemill.evals.sandbox.uids import NoFreeUid
+    from codemill.sandbox import Sandbox, SandboxUnavailable
+    from codemill.sandbox.uids import NoFreeUid
 
     try:
         info = Sandbox().probe()
@@ -136,7 +136,7 @@ def check_torchrun() -> Check:
 
 def check_vllm() -> Check:
     """vLLM lives in an environment of its own (scripts/vllm-env): the command must run from there."""
-    from codemill.evals.engines import vllm_available
+    from codemill.rl.engines import vllm_available
 
     if not vllm_available():
         return Check("vllm", "rl.rollout.engine is vllm but vllm is not importable in this Python",

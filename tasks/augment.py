@@ -13,9 +13,9 @@ from prefect import get_run_logger
 
 from codemill import progress
 from codemill.config import AugmentConfig
-from codemill.evals.plus.augment import PLUS_CODE_VERSION
 from codemill.lineage import Lineage
 from codemill.plan import StagePlan, file_input
+from codemill.problems.plus.augment import PLUS_CODE_VERSION
 from codemill.store import ArtifactRef, ArtifactWriter, Manifest
 from codemill.tasks.common import RunContext, StageResult, run_stage, stage_task
 
@@ -44,10 +44,10 @@ def augmenter(cfg: AugmentConfig) -> Callable[..., Any]:
     mutants), opened together and closed together."""
     import contextlib
 
-    from codemill.evals.plus.augment import augment_problems
-    from codemill.evals.plus.runner import BatchRunner
-    from codemill.evals.sandbox import Limits
-    from codemill.evals.sandbox.judge_pool import JudgePool
+    from codemill.problems.plus.augment import augment_problems
+    from codemill.problems.plus.runner import BatchRunner
+    from codemill.sandbox import Limits
+    from codemill.sandbox.judge_pool import JudgePool
 
     @contextlib.contextmanager
     def opened() -> Any:
@@ -83,7 +83,7 @@ def _record(plan: StagePlan):
 @stage_task("augment")
 def augment_task(plan: StagePlan, ctx: RunContext, cfg: AugmentConfig) -> StageResult:
     from codemill.evals.humaneval import load_problems
-    from codemill.evals.plus.artifact import write_augmented
+    from codemill.problems.plus.artifact import write_augmented
 
     logger = get_run_logger()
 

@@ -10,14 +10,14 @@ from prefect import get_run_logger, task
 from codemill import progress
 from codemill import tags as T
 from codemill.config import ProblemsConfig
-from codemill.evals.problem_sets import (
+from codemill.lineage import Lineage
+from codemill.plan import StagePlan, external_input
+from codemill.problems.sets import (
     PROBLEMS_CODE_VERSION,
     build_problem_set,
     corpus_files,
     fingerprint_problem_sources,
 )
-from codemill.lineage import Lineage
-from codemill.plan import StagePlan, external_input
 from codemill.store import ArtifactRef, ArtifactWriter, Manifest
 from codemill.tasks.augment import augmenter
 from codemill.tasks.common import RunContext, StageResult, run_stage, stage_task
@@ -40,7 +40,7 @@ def plan_problems(cfg: ProblemsConfig, sources: list[dict], corpus: ArtifactRef 
         inputs["corpus"] = corpus
     version = PROBLEMS_CODE_VERSION
     if cfg.augment is not None:
-        from codemill.evals.plus.augment import PLUS_CODE_VERSION
+        from codemill.problems.plus.augment import PLUS_CODE_VERSION
 
         version += f"+{PLUS_CODE_VERSION}"
     return StagePlan(stage=STAGE, name="problems", code_version=version, config=cfg.digest_config(), inputs=inputs)
@@ -81,8 +81,8 @@ def _record(plan: StagePlan, sources: list[dict]):
 
 @stage_task("problems")
 def problems_task(plan: StagePlan, ctx: RunContext, cfg: ProblemsConfig, sources: list[dict]) -> StageResult:
-    from codemill.evals.sandbox import Limits
-    from codemill.evals.sandbox.judge_pool import JudgePool
+    from codemill.sandbox import Limits
+    from codemill.sandbox.judge_pool import JudgePool
 
     logger = get_run_logger()
     store = ctx.store()

@@ -43,7 +43,7 @@ HELDOUT = "val"
 def rollout_seed(cfg: RLConfig, split: str, iteration: int | None) -> int:
     """Iteration i samples with its own seed; both held-out rollouts (before/after) share one, so the two
     policies draw with common random numbers and their paired difference has less noise."""
-    from codemill.evals.engines import derive_seed
+    from codemill.rl.engines import derive_seed
 
     return derive_seed("rl", cfg.seed, split, iteration if split != HELDOUT else "heldout")
 
@@ -72,7 +72,7 @@ def finetune_train_config(train: TrainConfig, ft: FinetuneConfig, seed: int) -> 
 
 
 def _update_config(cfg: RLConfig, train: TrainConfig, iteration: int) -> dict[str, Any]:
-    from codemill.evals.engines import derive_seed
+    from codemill.rl.engines import derive_seed
 
     seed = derive_seed("rl-update", cfg.seed, iteration) % 2**31
     if cfg.algorithm == "grpo":
@@ -105,7 +105,7 @@ def policy_dir(store: ArtifactStore, ref: ArtifactRef) -> str:
 
 
 def _problems(store: ArtifactStore, ref: ArtifactRef, split: str):
-    from codemill.evals.problem_sets import read_problem_set
+    from codemill.problems.sets import read_problem_set
 
     return read_problem_set(store.local_path(ref) / "problems.parquet", split)
 
@@ -118,15 +118,15 @@ def sample_and_judge(cfg: RLConfig, problems: list, policy_hf: str, seed: int, k
                      say) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """k judged samples per problem (rows sorted by group, sample) and the timings (with ``engine``: what sampled
     them), in this process (the engine ``rl.rollout.engine`` names) or on Ray (HFEngine workers)."""
-    from codemill.evals.engines import RolloutParams
-    from codemill.evals.sandbox import Limits
+    from codemill.rl.engines import RolloutParams
+    from codemill.sandbox import Limits
 
     r = cfg.rollout
     params = RolloutParams(temperature=r.temperature, top_p=r.top_p, max_new_tokens=r.max_new_tokens,
                            stop=tuple(r.stop))
     limits = Limits(wall_s=r.wall_s, cpu_s=r.cpu_s, memory_bytes=r.memory_mb << 20)
     if ray_address:
-        from codemill.evals.rollout_ray import collect_rollouts_ray
+        from codemill.rl.rollout_ray import collect_rollouts_ray
 
         if r.engine != "hf":
             raise ValueError(f"rl.rollout.engine {r.engine!r} does not run on Ray (its workers use HFEngine)")
@@ -134,9 +134,9 @@ def sample_and_judge(cfg: RLConfig, problems: list, policy_hf: str, seed: int, k
                                              batch_problems=r.batch_problems, overlap=r.overlap,
                                              max_context=r.context_len, device=_device(cfg), workers=r.workers)
         return rows, {**timings.as_dict(), "weight_sync_s": 0.0, "engine": "hf"}
-    from codemill.evals.engines import build_engine, engine_info
-    from codemill.evals.rollout import collect_rollouts
-    from codemill.evals.sandbox.judge_pool import JudgePool
+    from codemill.rl.engines import build_engine, engine_info
+    from codemill.rl.rollout import collect_rollouts
+    from codemill.sandbox.judge_pool import JudgePool
 
     with _LIVE_LOCK:  # one rollouts task at a time on the process's live vLLM engine
         t0 = time.monotonic()
@@ -161,7 +161,7 @@ def _live_vllm(r: Any, policy_hf: str, device: str) -> Any:
     """The vLLM engine of this process, started once and given each later policy's weights (``load_weights``:
     no restart, the prefix cache reset), rather than one engine start per rollouts task; the weight sync is then
     what ``weight_sync_s`` measures. Other settings start a fresh engine."""
-    from codemill.evals.engines import build_engine
+    from codemill.rl.engines import build_engine
 
     key = json.dumps([r.vllm.model_dump(), r.context_len, device])
     live = _LIVE.get("vllm")
@@ -207,9 +207,9 @@ def _cpu_threads_beside_judges(device: str, overlap: bool) -> Iterator[None]:
 @stage_task("rollouts")
 def rollouts_task(plan: StagePlan, ctx: RunContext, cfg: RLConfig, policy_hf: str,
                   ray_address: str | None = None) -> StageResult:
-    from codemill.evals.rl_metrics import rollout_metrics
-    from codemill.evals.rollout import write_rollouts
-    from codemill.models.rl_data import iteration_problems
+    from codemill.rl.data import iteration_problems
+    from codemill.rl.metrics import rollout_metrics
+    from codemill.rl.rollout import write_rollouts
 
     logger = get_run_logger()
     store = ctx.store()
@@ -255,14 +255,14 @@ def report_iteration(split: str, iteration: int | None, stats: dict[str, Any]) -
 
 
 def _rollouts_summary(m: Manifest) -> dict[str, Any]:
-    from codemill.evals.rl_metrics import SUMMARY_KEYS
+    from codemill.rl.metrics import SUMMARY_KEYS
 
     return {k: m.stats[k] for k in SUMMARY_KEYS if k in m.stats} | {"timings": m.stats["timings"]}
 
 
 def _record_rollouts(plan: StagePlan):
     def record(lineage: Lineage, run_id: str, m: Manifest) -> dict[str, Any]:
-        from codemill.evals.rl_metrics import scalar_metrics
+        from codemill.rl.metrics import scalar_metrics
 
         lineage.log_dataset_input(run_id, plan.input("problems"), "input", name="problems")
         lineage.log_dataset_input(run_id, ArtifactRef(stage=m.stage, name=m.name, digest=m.digest, uri=m.uri),
@@ -275,7 +275,7 @@ def _record_rollouts(plan: StagePlan):
 @stage_task("policy")
 def update_task(plan: StagePlan, ctx: RunContext, cfg: RLConfig, train: TrainConfig, policy_hf: str,
                 reference_hf: str | None = None) -> StageResult:
-    """One policy update: GRPO (``codemill.models.rl_update`` under torchrun) or rejection sampling / the warm
+    """One policy update: GRPO (``codemill.rl.update`` under torchrun) or rejection sampling / the warm
     start (``codemill.models.trainer`` on the passing samples / the reference solutions)."""
     store = ctx.store()
     algorithm = plan.config["algorithm"]
@@ -296,7 +296,7 @@ def update_task(plan: StagePlan, ctx: RunContext, cfg: RLConfig, train: TrainCon
 
 def _grpo(plan: StagePlan, ctx: RunContext, cfg: RLConfig, policy_hf: str, reference_hf: str | None,
           w: ArtifactWriter, run_id: str, scratch: Path) -> dict[str, Any]:
-    from codemill.models.rl_update import SUMMARY, RLUpdateSpec
+    from codemill.rl.update import SUMMARY, RLUpdateSpec
 
     store = ctx.store()
     rollouts = store.local_path(plan.input("rollouts")) / ROLLOUTS_FILE
@@ -308,7 +308,7 @@ def _grpo(plan: StagePlan, ctx: RunContext, cfg: RLConfig, policy_hf: str, refer
                         optimizer_in=str(previous) if previous is not None and previous.is_dir() else None,
                         optimizer_out=str(w.dir / OPTIMIZER))
     t0 = time.monotonic()
-    run_torchrun(spec, w.dir, grpo, ctx, run_id, POLICY, module="codemill.models.rl_update")
+    run_torchrun(spec, w.dir, grpo, ctx, run_id, POLICY, module="codemill.rl.update")
     summary = json.loads((w.dir / "hf" / SUMMARY).read_text())
     metrics = summary.get("metrics", summary)
     return {"algorithm": "grpo", "update": metrics, "update_s": time.monotonic() - t0}
@@ -318,15 +318,15 @@ def _finetune(plan: StagePlan, ctx: RunContext, cfg: RLConfig, train: TrainConfi
               w: ArtifactWriter, run_id: str, scratch: Path) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
-    from codemill.evals.rollout import read_rollouts
-    from codemill.models.rl_data import (
+    from codemill.models.trainer import TrainSpec
+    from codemill.rl.data import (
         finetune_steps,
         passing_documents,
         seeded_share,
         solution_documents,
         write_sft_tokens,
     )
-    from codemill.models.trainer import TrainSpec
+    from codemill.rl.rollout import read_rollouts
 
     store = ctx.store()
     algorithm = plan.config["algorithm"]
@@ -373,7 +373,7 @@ def _policy_summary(m: Manifest) -> dict[str, Any]:
 
 def _record_policy(store: ArtifactStore, plan: StagePlan):
     def record(lineage: Lineage, run_id: str, m: Manifest) -> dict[str, Any]:
-        from codemill.evals.rl_metrics import update_metrics
+        from codemill.rl.metrics import update_metrics
 
         data_name = "rollouts" if "rollouts" in plan.inputs else "problems"
         data = plan.input(data_name)

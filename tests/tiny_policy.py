@@ -12,8 +12,8 @@ def make_policy(root: Path, seed: int = 0, vocab_size: int = 400, max_len: int =
     """``root/hf``: an untrained model whose samples are varied (random weights) and end on EOS now and then.
     ``model_config`` (a ModelConfig) defaults to a 2-layer, 64-wide model."""
     from codemill.config import ModelConfig
-    from codemill.evals.synthetic import synthetic_problems
     from codemill.models.build import scratch_policy
+    from codemill.problems.synthetic import synthetic_problems
 
     texts = [p.prompt + (p.reference_solution or "") for p in synthetic_problems(0, 60)]
     small = ModelConfig(hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2)
@@ -47,7 +47,7 @@ def pretrain_policy(policy: Path, out: Path, pairs: list[tuple[str, str]], steps
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from codemill.models.rl_data import solution_documents
+    from codemill.rl.data import solution_documents
 
     tok = AutoTokenizer.from_pretrained(str(policy))
     model = AutoModelForCausalLM.from_pretrained(str(policy))

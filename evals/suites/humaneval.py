@@ -1,6 +1,6 @@
 """HumanEval pass@1 (greedy) and sampled pass@k, judged in the sandbox (``evals.humaneval``); with
 ``humaneval.plus``, the greedy completions judged a second time against the augmented tests of the augment stage
-(``evals.plus``): ``humaneval_plus_pass_at_1`` beside ``humaneval_pass_at_1``, on the same problems and with the
+(``problems.plus``): ``humaneval_plus_pass_at_1`` beside ``humaneval_pass_at_1``, on the same problems and with the
 same CI method, and every greedy row carrying both verdicts (``outcome`` and ``plus_outcome``)."""
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import polars as pl
 from codemill.config import EvalConfig, HumanEvalInfillingSuiteConfig, HumanEvalSuiteConfig
 from codemill.evals import humaneval as he
 from codemill.evals.gate import ItemScores
-from codemill.evals.problems import ExecProblem
-from codemill.evals.sandbox import Limits
-from codemill.evals.sandbox.judge_pool import JudgePool
 from codemill.evals.suites.base import EvalModel, Metric, Rows, Suite, SuiteRun, ci, scores
+from codemill.problems.problem import ExecProblem
+from codemill.sandbox import Limits
+from codemill.sandbox.judge_pool import JudgePool
 
 PASS_AT_1 = Metric("humaneval_pass_at_1", binary=True)
 PLUS_PASS_AT_1 = Metric("humaneval_plus_pass_at_1", binary=True)
@@ -107,7 +107,7 @@ def _score_plus(greedy: list[dict], plus: dict[str, ExecProblem], cfg: EvalConfi
 def plus_problems(plus_dir: Path | None, problems: dict[str, ExecProblem]) -> dict[str, ExecProblem]:
     """The augmented version of each of ``problems`` (from the augment artifact); the suite refuses to run
     without it when ``plus`` is on, rather than report a plus score that is not one."""
-    from codemill.evals.plus.artifact import read_augmented
+    from codemill.problems.plus.artifact import read_augmented
 
     if plus_dir is None:
         raise ValueError("humaneval.plus is on but the evaluation was planned without the augmented tests "

@@ -1,7 +1,7 @@
 """HumanEval infilling pass@1 (greedy), judged in the sandbox: ``evals.infilling`` builds the tasks and the
 fill-in-the-middle prompts; the middle the model writes is put back between the solution's prefix and suffix
 and the whole is judged as the completion of the HumanEval prompt, through the humaneval suite's judge harness
-(``evals.rewards.score``). A model whose tokenizer has no FIM sentinels is skipped, with the reason."""
+(``sandbox.rewards.score``). A model whose tokenizer has no FIM sentinels is skipped, with the reason."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from codemill.config import EvalConfig
 from codemill.evals import humaneval as he
 from codemill.evals import infilling as inf
 from codemill.evals.gate import ItemScores
-from codemill.evals.sandbox.judge_pool import JudgePool
 from codemill.evals.suites.base import EvalModel, Metric, Rows, Suite, SuiteRun, ci, scores
 from codemill.evals.suites.humaneval import suite_pool
+from codemill.sandbox.judge_pool import JudgePool
 
 NAME = "humaneval_infilling"
 PASS_AT_1 = Metric(f"{NAME}_pass_at_1", binary=True)

@@ -1,20 +1,20 @@
 """The OLD HumanEval harness (``evals/humaneval.py`` at commit 30e5e8e), kept ONLY so the forgery tests can show
-that each attack was a real hole before the judge harness (``evals/sandbox/judge_pool.py``) replaced it.
+that each attack was a real hole before the judge harness (``sandbox/judge_pool.py``) replaced it.
 
 Do not use it to score anything: it runs prompt + completion + tests + ``check()`` in ONE process and reads a
 nonce-tagged verdict line from that process's stdout, so a completion can reach the nonce (frames, code
 objects), the verdict descriptor (fd 1) and the tests' own names (``check``, builtins, helpers) and forge a
 pass. ``_WRAPPER``, ``harness_program`` and ``interpret`` are verbatim copies; ``check_program`` is too, except that it
 reads ``ExecProblem.tests`` (the old ``Problem`` called the field ``test``); only ``execute_old`` is new (one
-sample on a ``Sandbox`` from ``evals/sandbox/runner.py``, as the old ``execute`` ran each sample).
+sample on a ``Sandbox`` from ``sandbox/runner.py``, as the old ``execute`` ran each sample).
 """
 
 from __future__ import annotations
 
 import secrets
 
-from codemill.evals.problems import ExecProblem
-from codemill.evals.sandbox import ExecResult, Outcome, Sandbox
+from codemill.problems.problem import ExecProblem
+from codemill.sandbox import ExecResult, Outcome, Sandbox
 
 
 def check_program(problem: ExecProblem, completion: str) -> str:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from codemill.config import ModelConfig, PipelineConfig
-from codemill.evals.problems import ExecProblem
+from codemill.problems.problem import ExecProblem
 from tests.tiny_policy import make_policy, pretrain_policy
 
 # What scraped code holds besides real implementations: functions left as stubs.

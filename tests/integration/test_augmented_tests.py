@@ -16,12 +16,12 @@ from prefect.runtime import flow_run
 
 from codemill.config import AugmentConfig, PipelineConfig, ProblemsConfig, ProblemSourceConfig
 from codemill.evals.humaneval import execute, load_problems, problems_file
-from codemill.evals.plus.artifact import COUNTS_FILE, read_augmented, read_counts
-from codemill.evals.problem_sets import read_problem_set
-from codemill.evals.problems import ExecProblem
-from codemill.evals.sandbox import Limits
-from codemill.evals.sandbox.judge_pool import JudgePool
 from codemill.flows.common import open_flow_run, run_stage_task
+from codemill.problems.plus.artifact import COUNTS_FILE, read_augmented, read_counts
+from codemill.problems.problem import ExecProblem
+from codemill.problems.sets import read_problem_set
+from codemill.sandbox import Limits
+from codemill.sandbox.judge_pool import JudgePool
 from codemill.store import ArtifactRef, ArtifactStore
 from codemill.tasks.augment import augment_task, plan_augment
 

@@ -9,7 +9,7 @@ import pytest
 from mlflow import MlflowClient
 
 from codemill.evals.humaneval import load_problems, write_samples
-from codemill.evals.sandbox import SandboxUnavailable, binary
+from codemill.sandbox import SandboxUnavailable, binary
 from codemill.store import ArtifactRef, ArtifactStore
 from tests.integration.helpers import small_pipeline_config
 

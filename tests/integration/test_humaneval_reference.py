@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from codemill.evals.humaneval import execute, load_problems, pass_at_k_scores, read_samples, write_samples
-from codemill.evals.sandbox import Limits
-from codemill.evals.sandbox.judge_pool import JudgePool
+from codemill.sandbox import Limits
+from codemill.sandbox.judge_pool import JudgePool
 
 TIMEOUT_S = 1.0  # both harnesses: a looping sample costs this much wall time, 164 of them per harness
 WORKERS = 8

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from codemill.evals.mining import mine_doctest_problems
-from codemill.evals.problems import ExecProblem
+from codemill.problems.mining import mine_doctest_problems
+from codemill.problems.problem import ExecProblem
 
 SOURCE = '''\
 import math
@@ -78,8 +78,8 @@ def problems() -> dict[str, ExecProblem]:
 
 @pytest.fixture(scope="module")
 def pool():
-    from codemill.evals.sandbox import Limits
-    from codemill.evals.sandbox.judge_pool import JudgePool
+    from codemill.sandbox import Limits
+    from codemill.sandbox.judge_pool import JudgePool
 
     with JudgePool(Limits(wall_s=5, cpu_s=5), workers=2) as p:
         yield p

@@ -27,7 +27,8 @@ def installed_wheel(tmp_path_factory) -> Path:
 def test_only_codemill_at_top_level(installed_wheel):
     top = {p.name for p in installed_wheel.iterdir() if not p.name.endswith(".dist-info") and p.name != "bin"}
     assert top == {"codemill"}
-    for sub in ("data", "models", "evals", "evals/sandbox", "tasks", "flows", "configs"):
+    for sub in ("data", "models", "evals", "rl", "rl/algorithms", "sandbox", "problems", "problems/plus", "tasks",
+                "flows", "configs"):
         init = installed_wheel / "codemill" / sub / "__init__.py"
         assert init.is_file() and not init.parent.is_symlink(), sub  # the files, not the checkout's symlinks
     assert (installed_wheel / "codemill" / "configs" / "tiny.yaml").exists()
@@ -38,8 +39,8 @@ def test_import_codemill_data_from_the_wheel(installed_wheel):
     # -S: no .pth files, so the checkout's editable install cannot supply a module the wheel lacks.
     site = sysconfig.get_paths()["purelib"]
     code = (f"import sys; sys.path.insert(0, {str(installed_wheel)!r}); sys.path.append({site!r}); "
-            "import codemill.data, codemill.config, codemill.evals.sandbox; print(codemill.data.__file__); "
-            "print(codemill.evals.sandbox.__file__); print(codemill.config.load_preset('tiny').train.nproc_per_node)")
+            "import codemill.data, codemill.config, codemill.sandbox; print(codemill.data.__file__); "
+            "print(codemill.sandbox.__file__); print(codemill.config.load_preset('tiny').train.nproc_per_node)")
     out = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=120, cwd="/")
     assert out.returncode == 0, out.stderr
     *paths, nproc = out.stdout.split()

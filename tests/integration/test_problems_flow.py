@@ -11,9 +11,9 @@ import pytest
 from mlflow import MlflowClient
 
 from codemill.config import ProblemSourceConfig
-from codemill.evals.problem_sets import ProblemFileError
 from codemill.lineage import mlflow_digest
 from codemill.plan import manifest_digest
+from codemill.problems.sets import ProblemFileError
 from codemill.store import ArtifactRef, ArtifactStore
 from tests.integration.helpers import small_pipeline_config
 

@@ -10,9 +10,9 @@ import pytest
 
 from codemill.config import ProblemsConfig, ProblemSourceConfig
 from codemill.data.sources import SourceError
-from codemill.evals.problem_sets import build_problem_set, fingerprint_problem_sources
-from codemill.evals.sandbox import Limits
-from codemill.evals.sandbox.judge_pool import JudgePool
+from codemill.problems.sets import build_problem_set, fingerprint_problem_sources
+from codemill.sandbox import Limits
+from codemill.sandbox.judge_pool import JudgePool
 from tests.conftest import s3_bucket
 
 pytestmark = pytest.mark.integration

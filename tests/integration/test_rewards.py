@@ -7,10 +7,10 @@ import sys
 
 import pytest
 
-from codemill.evals.problems import ExecProblem
-from codemill.evals.rewards import score
-from codemill.evals.sandbox import Limits, SandboxUnavailable
-from codemill.evals.sandbox.judge_pool import JudgePool
+from codemill.problems.problem import ExecProblem
+from codemill.sandbox import Limits, SandboxUnavailable
+from codemill.sandbox.judge_pool import JudgePool
+from codemill.sandbox.rewards import score
 
 CASES = ["assert candidate(1, 2) == 3", "assert candidate(-1, 1) == 0", "assert candidate(0, 0) == 0",
          "assert candidate(2, 2) == 4"]

@@ -25,8 +25,8 @@ from typing import Any
 import pytest
 from prefect.settings import PREFECT_API_URL
 
-from codemill.evals.problem_sets import read_problem_set
-from codemill.models.rl_data import iteration_problems
+from codemill.problems.sets import read_problem_set
+from codemill.rl.data import iteration_problems
 from codemill.store import ArtifactStore
 from tests.integration.rl_setup import make_base_policy, rl_config
 from tests.integration.store_checks import committed_artifacts
@@ -156,8 +156,8 @@ def test_grpo_flow_resumes_after_a_kill_and_traces_its_checkpoint(rl_root: Path)
 def test_rejection_sampling_fine_tunes_on_the_passing_samples(rl_root: Path) -> None:
     from transformers import AutoTokenizer
 
-    from codemill.evals.rollout import read_rollouts
-    from codemill.models.rl_data import passing_documents
+    from codemill.rl.data import passing_documents
+    from codemill.rl.rollout import read_rollouts
 
     out = _run(rl_root, "rft")
     stages, st = out["stages"], ArtifactStore(str(rl_root / "store"))

@@ -23,7 +23,7 @@ from safetensors.torch import load_file
 from codemill.config import GRPOConfig, ModelConfig
 from codemill.models.checkpoint import committed_steps
 from codemill.models.launch import torchrun_command
-from codemill.models.rl_update import SUMMARY, RLUpdateSpec, update
+from codemill.rl.update import SUMMARY, RLUpdateSpec, update
 
 pytestmark = pytest.mark.integration
 GROUPS, K, MAX_NEW = 6, 4, 6
@@ -133,7 +133,7 @@ def _spec(policy: Path, rollouts: Path, work: Path, parallelism: str = "ddp", **
 def _run(spec: Path, kill_at: int | None = None) -> list[dict]:
     """torchrun to the end, or SIGKILL its process group once rank 0 reports step ``kill_at``."""
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(torchrun_command(str(spec), 2, module="codemill.models.rl_update"),
+    proc = subprocess.Popen(torchrun_command(str(spec), 2, module="codemill.rl.update"),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                             start_new_session=True)
     assert proc.stdout is not None
@@ -193,7 +193,7 @@ def test_update_moves_logprobs_with_the_advantages(policy, rollouts, ddp_run):
 
     table = pq.read_table(rollouts).to_pydict()
     before, after = _seq_logprobs(policy, table), _seq_logprobs(out, table)
-    from codemill.models.grpo import group_advantages
+    from codemill.rl.algorithms.grpo import group_advantages
 
     adv = group_advantages(table["reward"], table["group"])
     trained = (adv != 0) & (np.array(table["finish_reason"]) != "length")

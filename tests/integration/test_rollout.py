@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from codemill.evals.engines import Completion, HFEngine, RolloutParams, teacher_forced_logprobs
-from codemill.evals.problems import ExecProblem
-from codemill.evals.rollout import collect_rollouts, judge, read_rollouts, write_rollouts
-from codemill.evals.sandbox import Limits, SandboxUnavailable
-from codemill.evals.sandbox.judge_pool import JudgePool
-from codemill.evals.synthetic import synthetic_problems
+from codemill.problems.problem import ExecProblem
+from codemill.problems.synthetic import synthetic_problems
+from codemill.rl.engines import Completion, HFEngine, RolloutParams, teacher_forced_logprobs
+from codemill.rl.rollout import collect_rollouts, judge, read_rollouts, write_rollouts
+from codemill.sandbox import Limits, SandboxUnavailable
+from codemill.sandbox.judge_pool import JudgePool
 
 pytestmark = [pytest.mark.usefixtures("one_torch_thread")]
 
@@ -95,7 +95,7 @@ def test_rewards_of_known_completions_through_the_sandbox(policy, pool, tmp_path
 def test_model_rollouts_overlapped_or_not_are_the_same(policy, pool, tmp_path, monkeypatch):
     """The real engine end to end: rows of both modes equal (but the judge's timings). With overlap the first batch
     is still being judged when the engine has moved on to the next one; without, it is judged before."""
-    import codemill.evals.rollout as rollout
+    import codemill.rl.rollout as rollout
 
     engine = HFEngine(policy)
     params = RolloutParams(temperature=1.0, max_new_tokens=24, stop=("\ndef",))

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from codemill.evals.engines import HFEngine, RolloutParams
-from codemill.evals.rollout import collect_rollouts
-from codemill.evals.sandbox import Limits
-from codemill.evals.sandbox.judge_pool import JudgePool
-from codemill.evals.synthetic import synthetic_problems
+from codemill.problems.synthetic import synthetic_problems
+from codemill.rl.engines import HFEngine, RolloutParams
+from codemill.rl.rollout import collect_rollouts
+from codemill.sandbox import Limits
+from codemill.sandbox.judge_pool import JudgePool
 from tests.tiny_policy import make_policy, torch_threads
 
 LIMITS = Limits(wall_s=3.0, cpu_s=2, memory_bytes=256 << 20)
@@ -56,7 +56,7 @@ def _same(a: list[dict], b: list[dict]) -> None:
 def test_ray_workers_give_the_single_process_rollouts(policies):
     import ray
 
-    from codemill.evals.rollout_ray import RayRollouts
+    from codemill.rl.rollout_ray import RayRollouts
 
     first, second = policies
     with RayRollouts(first, ray_address="local", workers=2, limits=LIMITS, judge_workers=1, ray_init=RAY_INIT,
@@ -84,8 +84,8 @@ def test_ray_workers_give_the_single_process_rollouts(policies):
 def test_ray_workers_push_their_rollout_and_sandbox_metrics(policies, tmp_path):
     """A Ray worker does not share the flow run's registry: it pushes its own counts to the run's group with its
     index as ``worker``, and together they count every sample the run collected."""
-    from codemill.evals.rollout_ray import RayRollouts
     from codemill.metrics.push import flow_metrics
+    from codemill.rl.rollout_ray import RayRollouts
     from tests.integration.monitoring import running_monitoring
 
     with running_monitoring(tmp_path, serve="127.0.0.1:9") as mon:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from codemill.evals.sandbox import Limits, Outcome, Sandbox, SandboxUnavailable, binary
+from codemill.sandbox import Limits, Outcome, Sandbox, SandboxUnavailable, binary
 
 FAST = Limits(wall_s=4.0, cpu_s=3, memory_bytes=512 << 20)
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from codemill.evals.engines import HFEngine, RolloutParams, teacher_forced_logprobs
-from codemill.evals.synthetic import synthetic_problems
+from codemill.problems.synthetic import synthetic_problems
+from codemill.rl.engines import HFEngine, RolloutParams, teacher_forced_logprobs
 from tests.integration.vllm_env import ROOT, run_json, script_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("one_torch_thread")]
@@ -157,7 +157,7 @@ def test_a_grpo_flow_samples_with_vllm(tmp_path, vllm_python):
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-6000:]
     out = json.loads(proc.stdout[proc.stdout.index("\n{\n"):])  # after vLLM's log lines (some hold a dict)
-    from codemill.evals.rollout import read_rollouts
+    from codemill.rl.rollout import read_rollouts
     from codemill.store import ArtifactStore
 
     store = ArtifactStore(str(tmp_path / "store"))

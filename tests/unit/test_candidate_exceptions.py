@@ -7,7 +7,7 @@ import statistics
 
 import pytest
 
-from codemill.evals.sandbox.judge_server import CandidateError, candidate_exception
+from codemill.sandbox.judge_server import CandidateError, candidate_exception
 
 
 @pytest.mark.parametrize(("module", "qualname", "kind"), [

@@ -1,4 +1,4 @@
-"""GRPO's pure pieces on small hand-computed tensors (codemill/models/grpo.py)."""
+"""GRPO's pure pieces on small hand-computed tensors (codemill/rl/algorithms/grpo.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from codemill.config import ModelConfig
-from codemill.models.grpo import (
+from codemill.rl.algorithms.grpo import (
     aggregate,
     collate,
     dynamic_sampling_keep,

@@ -16,9 +16,9 @@ from codemill.evals import infilling as inf
 from codemill.evals import suites
 from codemill.evals.generate import cut_at_ids
 from codemill.evals.humaneval import load_problems
-from codemill.evals.problems import ExecProblem
 from codemill.evals.suites import humaneval_infilling as hi
 from codemill.evals.suites.base import EvalModel, SuiteRun
+from codemill.problems.problem import ExecProblem
 from codemill.report import skipped_suites, summary_lines
 from codemill.tasks.evaluate import metrics_of
 

@@ -107,8 +107,8 @@ def test_the_metrics_setting_never_changes_a_digest():
 
 
 def test_a_verdict_counts_its_outcome_latency_and_suspicious_kind():
-    from codemill.evals.sandbox.judge_pool import Judged, count_verdict
-    from codemill.evals.sandbox.runner import Outcome
+    from codemill.sandbox.judge_pool import Judged, count_verdict
+    from codemill.sandbox.runner import Outcome
 
     registry = metrics.enable(fresh=True)
     count_verdict(metrics.get(), Judged(Outcome.FAILED, False, 0.0, "candidate_gone", "", 0.2, {}))

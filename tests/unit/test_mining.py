@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from codemill.evals.mining import FILE_STEPS, FUNCTION_STEPS, io_reason, mine_doctest_problems
-from codemill.evals.problems import ExecProblem
-from codemill.evals.sandbox.judge_server import candidate_exception
+from codemill.problems.mining import FILE_STEPS, FUNCTION_STEPS, io_reason, mine_doctest_problems
+from codemill.problems.problem import ExecProblem
+from codemill.sandbox.judge_server import candidate_exception
 
 GOOD = '''\
 import math
@@ -541,7 +541,7 @@ def test_outputs_whose_order_depends_on_the_hash_seed_are_dropped() -> None:
 
 
 def test_an_unexpected_miner_failure_is_counted_not_raised(monkeypatch: pytest.MonkeyPatch) -> None:
-    import codemill.evals.mining as mining
+    import codemill.problems.mining as mining
 
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise KeyError("surprise")

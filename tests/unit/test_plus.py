@@ -1,4 +1,4 @@
-"""evals.plus pure pieces: seed extraction, type-aware mutation, literals and tolerance, mutants, set cover, and
+"""problems.plus pure pieces: seed extraction, type-aware mutation, literals and tolerance, mutants, set cover, and
 the augmented test program (run in-process here; the sandboxed path is tests/integration/test_augmented_tests.py)."""
 
 from __future__ import annotations
@@ -9,13 +9,13 @@ import random
 
 import pytest
 
-from codemill.evals.plus.augment import augmented_problem, count_asserts
-from codemill.evals.plus.inputs import seed_inputs
-from codemill.evals.plus.literals import key, plus_eq, to_source
-from codemill.evals.plus.mutants import mutants
-from codemill.evals.plus.mutate import Mutator, Pool
-from codemill.evals.plus.reduce import greedy_cover
-from codemill.evals.problems import ExecProblem
+from codemill.problems.plus.augment import augmented_problem, count_asserts
+from codemill.problems.plus.inputs import seed_inputs
+from codemill.problems.plus.literals import key, plus_eq, to_source
+from codemill.problems.plus.mutants import mutants
+from codemill.problems.plus.mutate import Mutator, Pool
+from codemill.problems.plus.reduce import greedy_cover
+from codemill.problems.problem import ExecProblem
 
 CHECK = """
 def check(candidate):

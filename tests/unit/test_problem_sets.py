@@ -12,7 +12,8 @@ import pytest
 
 from codemill.config import DecontaminationConfig, ProblemsConfig, ProblemSourceConfig
 from codemill.data.sources import SourceError
-from codemill.evals.problem_sets import (
+from codemill.problems.problem import ExecProblem
+from codemill.problems.sets import (
     ProblemFileError,
     build_problem_set,
     decontaminate,
@@ -25,10 +26,9 @@ from codemill.evals.problem_sets import (
     split_of,
     verify,
 )
-from codemill.evals.problems import ExecProblem
-from codemill.evals.sandbox import Limits
-from codemill.evals.sandbox.judge_pool import JudgePool
-from codemill.evals.synthetic import TEMPLATES, synthetic_problems
+from codemill.problems.synthetic import TEMPLATES, synthetic_problems
+from codemill.sandbox import Limits
+from codemill.sandbox.judge_pool import JudgePool
 
 GOOD = {"task_id": "mine/0", "prompt": "def double(x):\n    \"\"\"Twice x.\"\"\"\n", "entry_point": "double",
         "test": "def check(candidate):\n    assert candidate(2) == 4\n    assert candidate(-1) == -2\n",

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from codemill.data.pack import open_token_shards
-from codemill.models.rl_data import (
+from codemill.rl.data import (
     finetune_steps,
     iteration_problems,
     passing_documents,

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from codemill.config import GRPOConfig
-from codemill.models.rl_update import SUMMARY, RLUpdateSpec, SampleOrder, fingerprint, plan_update, write_policy
+from codemill.rl.update import SUMMARY, RLUpdateSpec, SampleOrder, fingerprint, plan_update, write_policy
 
 
 def _table(rewards: list[list[float]], truncated: set[tuple[int, int]] = frozenset()) -> dict[str, list]:

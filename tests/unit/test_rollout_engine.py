@@ -8,15 +8,15 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from codemill.evals.engines import (
+from codemill.problems.synthetic import synthetic_problems
+from codemill.rl.engines import (
     HFEngine,
     RolloutEngine,
     RolloutParams,
     sample_from,
     teacher_forced_logprobs,
 )
-from codemill.evals.rollout import ROLLOUT_SCHEMA, RolloutsSchemaError, read_rollouts, write_rollouts
-from codemill.evals.synthetic import synthetic_problems
+from codemill.rl.rollout import ROLLOUT_SCHEMA, RolloutsSchemaError, read_rollouts, write_rollouts
 from tests.tiny_policy import make_policy
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -213,7 +213,7 @@ def test_rollouts_reader_says_what_is_wrong(tmp_path):
 def test_the_vllm_engine_says_what_is_missing(policy):
     import importlib.util
 
-    from codemill.evals.engines import VLLMEngine
+    from codemill.rl.engines import VLLMEngine
 
     if importlib.util.find_spec("vllm") is not None:
         pytest.skip("vLLM is installed here")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from codemill.evals.sandbox.binary import Bwrap, namespace_refusal
+from codemill.sandbox.binary import Bwrap, namespace_refusal
 
 DEBIAN = ("bwrap: No permissions to creating new namespace, likely because the kernel does not allow "
           "non-privileged user namespaces. On e.g. debian this can be enabled with "

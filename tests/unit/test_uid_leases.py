@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from codemill.evals.sandbox.uids import NoFreeUid, UidLeases
+from codemill.sandbox.uids import NoFreeUid, UidLeases
 
 
 def test_a_uid_is_held_by_one_lease_at_a_time_and_comes_back(tmp_path):
@@ -22,7 +22,7 @@ def test_a_uid_is_held_by_one_lease_at_a_time_and_comes_back(tmp_path):
 
 
 def test_a_dead_process_never_strands_its_uid(tmp_path):
-    code = ("import sys, time\nfrom codemill.evals.sandbox.uids import UidLeases\n"
+    code = ("import sys, time\nfrom codemill.sandbox.uids import UidLeases\n"
             f"u = UidLeases(200, 2, {str(tmp_path)!r}).take()\nprint(u, flush=True)\ntime.sleep(60)\n")
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:

@@ -8,7 +8,7 @@ import struct
 
 import pytest
 
-from codemill.evals.sandbox.wire import (
+from codemill.sandbox.wire import (
     BadData,
     ChannelClosed,
     ChannelTimeout,

@@ -26,12 +26,12 @@ from typing import Any
 
 from codemill import metrics
 from codemill.cpus import usable_cpus
-from codemill.evals.problems import ExecProblem
-from codemill.evals.sandbox.limits import Limits
-from codemill.evals.sandbox.runner import Outcome, Sandbox, SandboxUnavailable
-from codemill.evals.sandbox.servers import Server, ServerDied
-from codemill.evals.sandbox.uids import LEASES, NoFreeUid
-from codemill.evals.sandbox.wire import BadData, ChannelClosed, ChannelTimeout, recv_frame
+from codemill.problems.problem import ExecProblem
+from codemill.sandbox.limits import Limits
+from codemill.sandbox.runner import Outcome, Sandbox, SandboxUnavailable
+from codemill.sandbox.servers import Server, ServerDied
+from codemill.sandbox.uids import LEASES, NoFreeUid
+from codemill.sandbox.wire import BadData, ChannelClosed, ChannelTimeout, recv_frame
 
 VERDICT_GRACE_S = 0.5
 START_ATTEMPTS = 3

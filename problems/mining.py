@@ -50,7 +50,7 @@ import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 
-from codemill.evals.problems import ExecProblem
+from codemill.problems.problem import ExecProblem
 
 SOURCE = "mined"
 MINING_CODE_VERSION = "mining-v2"  # bump when what is mined, or how its tests are written, changes

@@ -11,7 +11,7 @@ from __future__ import annotations
 import ast
 from typing import Any
 
-from codemill.evals.plus.literals import key
+from codemill.problems.plus.literals import key
 
 
 def _candidate_names(tree: ast.Module, entry: str) -> set[str]:

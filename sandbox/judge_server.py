@@ -17,8 +17,8 @@ import os
 import socket
 import sys
 
-from codemill.evals.sandbox.forkserver import child_setup, describe
-from codemill.evals.sandbox.wire import BadData, ChannelClosed, decode_value, encode_value, recv_frame, send_frame
+from codemill.sandbox.forkserver import child_setup, describe
+from codemill.sandbox.wire import BadData, ChannelClosed, decode_value, encode_value, recv_frame, send_frame
 
 MAX_RESULT_BYTES = 16 << 20
 PREIMPORT = ("doctest", "math", "collections", "itertools", "re")  # what tests commonly import (mined tests: doctest)

@@ -13,8 +13,8 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from codemill.evals.problems import ExecProblem
-from codemill.evals.sandbox.judge_pool import JudgePool
+from codemill.problems.problem import ExecProblem
+from codemill.sandbox.judge_pool import JudgePool
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ import socket
 import sys
 import time
 
-from codemill.evals.sandbox.wire import ChannelClosed, recv_frame, send_frame
+from codemill.sandbox.wire import ChannelClosed, recv_frame, send_frame
 
 PR_SET_DUMPABLE = 4
 

@@ -7,8 +7,8 @@ under a store writer. Sources (``ProblemsConfig.sources``):
   ``canonical_solution``, ``split_unit`` and ``test_cases``), local or any fsspec URL. A file that cannot be
   read as a whole is a ``ProblemFileError`` naming it, a line that is not a JSON object or lacks a field one
   naming the file, the line and the field: a problem set is curated input, so it is fixed, not skipped.
-- ``mined``: doctest problems mined from the ingested corpus (``evals.mining.mine_doctest_problems``).
-- ``synthetic``: the family in ``evals.synthetic``.
+- ``mined``: doctest problems mined from the ingested corpus (``problems.mining.mine_doctest_problems``).
+- ``synthetic``: the family in ``problems.synthetic``.
 
 Steps, each counted per source and reason (``stats.by_source``, ``stats.steps``):
 1. *check*: a problem the sandbox cannot judge is ``malformed`` (no prompt, an entry point that is not a name,
@@ -38,14 +38,14 @@ import polars as pl
 
 from codemill.config import DecontaminationConfig, ProblemsConfig, ProblemSourceConfig, SourceConfig
 from codemill.data.corpus import assign_split, read_split
-from codemill.evals.mining import MINING_CODE_VERSION
-from codemill.evals.problems import ExecProblem
-from codemill.evals.synthetic import SYNTHETIC_CODE_VERSION, synthetic_problems
+from codemill.problems.mining import MINING_CODE_VERSION
+from codemill.problems.problem import ExecProblem
+from codemill.problems.synthetic import SYNTHETIC_CODE_VERSION, synthetic_problems
 
 PROBLEMS_CODE_VERSION = f"problems-v2+{SYNTHETIC_CODE_VERSION}+{MINING_CODE_VERSION}"
 PROBLEMS_FILE = "problems.parquet"
 REJECTED_FILE = "rejected.parquet"
-AUGMENT_COUNTS_FILE = "augment_counts.parquet"  # with problems.augment: evals.plus counts per problem
+AUGMENT_COUNTS_FILE = "augment_counts.parquet"  # with problems.augment: problems.plus counts per problem
 REQUIRED_FIELDS = ("task_id", "prompt", "entry_point", "test")
 REASONS = ("malformed", "reference_failed", "duplicate", "duplicate_id", "contaminated")
 PROBLEM_SCHEMA: dict[str, Any] = {
@@ -222,7 +222,7 @@ def read_source(src: ProblemSourceConfig, label: str, corpus: CorpusRows | None
                 for p in synthetic_problems(src.seed, src.count)], {}
     if corpus is None:
         raise ValueError("a mined problem source needs the corpus (the plan's 'corpus' input)")
-    from codemill.evals.mining import mine_doctest_problems
+    from codemill.problems.mining import mine_doctest_problems
 
     split_of_file: dict[tuple[str, str], str] = {}
 
@@ -368,7 +368,7 @@ def build_problem_set(cfg: ProblemsConfig, out_dir: Path, judge: Judge | None,
                       say: Callable[[str], None] | None = None, augment: Augment | None = None) -> dict[str, Any]:
     """Write ``problems.parquet`` (kept problems with their split) and ``rejected.parquet`` (every dropped
     problem with its step, reason and detail) under ``out_dir``; return the stats for the manifest.
-    ``augment`` (``cfg.augment``: ``evals.plus``) strengthens the kept problems' tests last, so RL rewards and
+    ``augment`` (``cfg.augment``: ``problems.plus``) strengthens the kept problems' tests last, so RL rewards and
     evaluation on this set judge with them; its per-problem counts go to ``augment_counts.parquet``."""
     say = say or (lambda _m: None)
     labels = source_labels(cfg.sources)
@@ -408,7 +408,7 @@ def build_problem_set(cfg: ProblemsConfig, out_dir: Path, judge: Judge | None,
     stats = _stats(labels, cfg, read, source_counts, live, splits, rejected)
     stats["verify"] = verify_counts
     if augmented is not None:
-        from codemill.evals.plus.artifact import write_counts
+        from codemill.problems.plus.artifact import write_counts
 
         stats["augment"] = write_counts(out_dir, augmented, AUGMENT_COUNTS_FILE)
     return stats

@@ -1,5 +1,5 @@
-"""The GRPO policy update of one RL iteration: ``python -m torch.distributed.run ... -m codemill.models.rl_update
-SPEC.json`` (launched like the trainer: ``launch.torchrun_command(..., module="codemill.models.rl_update")``).
+"""The GRPO policy update of one RL iteration: ``python -m torch.distributed.run ... -m codemill.rl.update
+SPEC.json`` (launched like the trainer: ``launch.torchrun_command(..., module="codemill.rl.update")``).
 
 SPEC is an ``RLUpdateSpec``. Every rank reads the whole rollouts table, computes the group advantages, applies
 dynamic sampling and overlong masking, and walks the kept samples in a seeded order (``SampleOrder``): the
@@ -57,7 +57,8 @@ from codemill.models import parallel
 from codemill.models.build import load_pretrained
 from codemill.models.checkpoint import Checkpointer, committed_steps, step_dir
 from codemill.models.common import emit, full_state_dict, param_groups, run_rank, start_rank
-from codemill.models.grpo import (
+from codemill.models.schedule import lr_multiplier
+from codemill.rl.algorithms.grpo import (
     SUM_KEYS,
     MicroBatch,
     aggregate,
@@ -73,7 +74,6 @@ from codemill.models.grpo import (
     token_terms,
     zero_variance_groups,
 )
-from codemill.models.schedule import lr_multiplier
 
 ROLLOUT_COLUMNS = ["group", "sample", "prompt_ids", "completion_ids", "logprobs", "finish_reason", "reward"]
 SUMMARY = "update_summary.json"
@@ -473,7 +473,7 @@ def update(spec: RLUpdateSpec) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
-        print("usage: python -m codemill.models.rl_update SPEC.json", file=sys.stderr)
+        print("usage: python -m codemill.rl.update SPEC.json", file=sys.stderr)
         return 2
     start_rank()
     spec = RLUpdateSpec.model_validate_json(Path(argv[0]).read_text())

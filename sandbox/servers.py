@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from codemill.evals.sandbox.runner import Sandbox, SandboxUnavailable
-from codemill.evals.sandbox.wire import BadData, ChannelClosed, ChannelTimeout, recv_frame, send_frame
+from codemill.sandbox.runner import Sandbox, SandboxUnavailable
+from codemill.sandbox.wire import BadData, ChannelClosed, ChannelTimeout, recv_frame, send_frame
 
 HERE = Path(__file__).parent
 ROLES = {"candidate": "candidate_server.py", "judge": "judge_server.py"}

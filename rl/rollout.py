@@ -2,7 +2,7 @@
 generates, written as the contract's ``rollouts.parquet`` table.
 
 ``collect_rollouts`` walks the problems in fixed batches (``batch_problems`` consecutive groups; a problem's
-group is its index in the iteration). Each finished batch goes to ``evals.rewards.score`` on the ``JudgePool`` in
+group is its index in the iteration). Each finished batch goes to ``sandbox.rewards.score`` on the ``JudgePool`` in
 a background thread, so judging batch i overlaps generating batch i+1 (``overlap=False`` judges each batch
 before generating the next: the benchmark's reference). A prompt's seed is ``derive_seed(seed, group)``, so the
 samples do not depend on the batching, the order or the worker (``rollout_ray`` shards whole batches over Ray).
@@ -28,10 +28,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from codemill import metrics
-from codemill.evals.engines import FINISH_REASONS, Completion, RolloutEngine, RolloutParams, derive_seed
-from codemill.evals.problems import ExecProblem
-from codemill.evals.rewards import Reward, score
-from codemill.evals.sandbox.judge_pool import JudgePool
+from codemill.problems.problem import ExecProblem
+from codemill.rl.engines import FINISH_REASONS, Completion, RolloutEngine, RolloutParams, derive_seed
+from codemill.sandbox.judge_pool import JudgePool
+from codemill.sandbox.rewards import Reward, score
 
 ROLLOUTS_FILE = "rollouts.parquet"
 RETRY_KINDS = ("no_verdict", "judge_error")  # the host got no verdict from the judge: judge again

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from codemill.evals.problems import ExecProblem
+from codemill.problems.problem import ExecProblem
 
 SYNTHETIC_CODE_VERSION = "synthetic-v1"
 SOURCE = "synthetic"

@@ -10,9 +10,9 @@ from typing import Any
 
 import polars as pl
 
-from codemill.evals.plus.augment import Counts, counts_rows
-from codemill.evals.problem_sets import PROBLEM_SCHEMA, PROBLEMS_FILE, read_problem_set
-from codemill.evals.problems import ExecProblem
+from codemill.problems.plus.augment import Counts, counts_rows
+from codemill.problems.problem import ExecProblem
+from codemill.problems.sets import PROBLEM_SCHEMA, PROBLEMS_FILE, read_problem_set
 
 COUNTS_FILE = "counts.parquet"
 TOTALS = ("seeded", "generated", "rejected", "kept", "new_cases", "original_asserts", "mutants", "killed_by_kept",

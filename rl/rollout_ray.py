@@ -22,12 +22,12 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from codemill.evals.engines import HFEngine, RolloutEngine, RolloutParams
-from codemill.evals.problems import ExecProblem
-from codemill.evals.rollout import RolloutTimings, batches_of, collect_rollouts
-from codemill.evals.sandbox.judge_pool import JudgePool
-from codemill.evals.sandbox.limits import Limits
 from codemill.metrics.push import worker_pusher, worker_target
+from codemill.problems.problem import ExecProblem
+from codemill.rl.engines import HFEngine, RolloutEngine, RolloutParams
+from codemill.rl.rollout import RolloutTimings, batches_of, collect_rollouts
+from codemill.sandbox.judge_pool import JudgePool
+from codemill.sandbox.limits import Limits
 
 LOCAL = "local"
 EngineFactory = Callable[[str], RolloutEngine]

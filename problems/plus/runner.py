@@ -22,11 +22,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from codemill.cpus import usable_cpus
-from codemill.evals.sandbox.limits import Limits
-from codemill.evals.sandbox.runner import Sandbox
-from codemill.evals.sandbox.servers import Server, ServerDied
-from codemill.evals.sandbox.uids import LEASES
-from codemill.evals.sandbox.wire import (
+from codemill.sandbox.limits import Limits
+from codemill.sandbox.runner import Sandbox
+from codemill.sandbox.servers import Server, ServerDied
+from codemill.sandbox.uids import LEASES
+from codemill.sandbox.wire import (
     BadData,
     ChannelClosed,
     ChannelTimeout,

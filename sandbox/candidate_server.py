@@ -19,8 +19,8 @@ import os
 import socket
 import sys
 
-from codemill.evals.sandbox.forkserver import child_setup, describe
-from codemill.evals.sandbox.wire import decode_value, encode_value, recv_frame, send_frame
+from codemill.sandbox.forkserver import child_setup, describe
+from codemill.sandbox.wire import decode_value, encode_value, recv_frame, send_frame
 
 PREIMPORT = ("collections", "itertools", "functools", "math", "re", "string", "typing", "heapq", "bisect",
              "random", "statistics", "fractions", "decimal", "datetime", "copy", "operator", "hashlib",

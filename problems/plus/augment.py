@@ -26,13 +26,13 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from codemill.config import AugmentConfig
-from codemill.evals.plus.inputs import seed_inputs
-from codemill.evals.plus.literals import call_source, key, plus_eq, plus_eq_source, to_source
-from codemill.evals.plus.mutants import mutants
-from codemill.evals.plus.mutate import Mutator, Pool
-from codemill.evals.plus.reduce import greedy_cover
-from codemill.evals.plus.runner import Batch, BatchRunner, Call
-from codemill.evals.problems import ExecProblem
+from codemill.problems.plus.inputs import seed_inputs
+from codemill.problems.plus.literals import call_source, key, plus_eq, plus_eq_source, to_source
+from codemill.problems.plus.mutants import mutants
+from codemill.problems.plus.mutate import Mutator, Pool
+from codemill.problems.plus.reduce import greedy_cover
+from codemill.problems.plus.runner import Batch, BatchRunner, Call
+from codemill.problems.problem import ExecProblem
 
 PLUS_CODE_VERSION = "plus-v2"  # v2: a crashed call gets a fresh child once
 ORIGINAL_CHECK = "_plus_original_check"

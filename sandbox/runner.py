@@ -30,10 +30,10 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
-from codemill.evals.sandbox import binary
-from codemill.evals.sandbox.binary import Bwrap, SandboxUnavailable
-from codemill.evals.sandbox.limits import Limits
-from codemill.evals.sandbox.uids import LEASES
+from codemill.sandbox import binary
+from codemill.sandbox.binary import Bwrap, SandboxUnavailable
+from codemill.sandbox.limits import Limits
+from codemill.sandbox.uids import LEASES
 
 OUTPUT_TAIL = 4000
 

@@ -1,5 +1,5 @@
 """GRPO's pieces as pure functions: advantages, sample selection, per-token log-probs, the clipped loss, KL,
-entropy, loss aggregation and the step metrics. ``codemill.models.rl_update`` runs them under torchrun.
+entropy, loss aggregation and the step metrics. ``codemill.rl.update`` runs them under torchrun.
 
 Sources, whose formulas these follow (differences are named where they occur):
 
