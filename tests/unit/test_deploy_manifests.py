@@ -259,6 +259,15 @@ def test_image_home_matches_prefect_pull_step():
     assert ".[s3,gpu,auth]" in dockerfile  # auth: MLflow's basic-auth app (Flask-WTF)
 
 
+def test_image_copies_every_package_folder():
+    """The editable install in the image needs every root folder that codemill/ links to."""
+    root = DEPLOY.parent
+    linked = sorted(p.name for p in (root / "codemill").iterdir() if p.is_symlink())
+    dockerfile = (DEPLOY / "Dockerfile").read_text()
+    missing = [name for name in linked if not re.search(rf"^COPY {name}/ {name}/$", dockerfile, re.M)]
+    assert linked and not missing, f"the Dockerfile does not copy {missing}"
+
+
 def _hadolint(path: Path, config: Path) -> subprocess.CompletedProcess:
     """hadolint failing on every finding (threshold `style`, the lowest), with only `config` and the file's own
     `# hadolint ignore=` pragmas: no HADOLINT_* variable or hadolint.yaml of the machine changes the verdict."""
