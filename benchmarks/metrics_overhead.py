@@ -45,6 +45,7 @@ from codemill.evals.humaneval import STOP_SEQUENCES
 from codemill.metrics.push import flow_metrics
 from codemill.problems.synthetic import synthetic_problems
 from codemill.rl.engines import HFEngine, RolloutParams
+from codemill.rl.envs import env_for
 from codemill.rl.rollout import collect_rollouts
 from codemill.sandbox import Limits
 from codemill.sandbox.judge_pool import Judged, JudgePool, count_verdict
@@ -127,7 +128,8 @@ def main() -> None:
             return stats["bytes_seen"] / 1e6 / (time.perf_counter() - t0)
 
         def rollouts(tag: str) -> float:
-            _, timings = collect_rollouts(engine, problems, args.k, params, pool, seed=7, batch_problems=4)
+            env = env_for(None, engine, pool, params.max_new_tokens)
+            _, timings = collect_rollouts(engine, env, problems, args.k, params, seed=7, batch_problems=4)
             return timings.samples_per_s
 
         work: dict[str, Callable[[str], float]] = {"ingest MB/s": ingest, "rollout samples/s": rollouts}

@@ -36,6 +36,7 @@ from codemill.evals.humaneval import STOP_SEQUENCES
 from codemill.models.launch import threads_per_rank, torchrun_command
 from codemill.problems.synthetic import synthetic_problems
 from codemill.rl.engines import HFEngine, RolloutEngine, RolloutParams, VLLMEngine
+from codemill.rl.envs import env_for
 from codemill.rl.rollout import collect_rollouts, write_rollouts
 from codemill.rl.update import SUMMARY, RLUpdateSpec
 from codemill.sandbox import Limits
@@ -101,10 +102,12 @@ def main() -> None:
     runs: dict[bool, list[dict[str, float]]] = {False: [], True: []}
     torch.set_num_threads(args.threads)
     with JudgePool(Limits(wall_s=3.0, cpu_s=3), workers=args.workers) as pool:
-        collect_rollouts(engine, problems[:4], args.k, params, pool, 999, batch_problems=4)  # warm-up
+        env = env_for(None, engine, pool, params.max_new_tokens)
+        collect_rollouts(engine, env, problems[:4], args.k, params, 999, batch_problems=4)  # warm-up
         for rep in range(args.repeats):
             for overlap in (False, True):
-                rows, t = collect_rollouts(engine, problems, args.k, params, pool, 100 + rep,
+                env = env_for(None, engine, pool, params.max_new_tokens)
+                rows, t = collect_rollouts(engine, env, problems, args.k, params, 100 + rep,
                                            batch_problems=args.batch_problems, overlap=overlap)
                 path = write_rollouts(rows, root / f"rollouts-{rep}-{overlap}.parquet")
                 update_s, metrics = update_once(policy, path, root / f"update-{rep}-{overlap}", args)

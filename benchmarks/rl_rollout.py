@@ -45,6 +45,7 @@ from codemill.rl.engines import (
     derive_seed,
     teacher_forced_logprobs,
 )
+from codemill.rl.envs import env_for
 from codemill.rl.rollout import collect_rollouts, prompt_seed
 from codemill.sandbox import Limits
 from codemill.sandbox.judge_pool import JudgePool
@@ -107,7 +108,8 @@ def main() -> None:
 
     with JudgePool(limits, workers=args.workers) as pool:
         # Warm-up (not recorded): every judge slot's servers started, the model's first forward passes done.
-        collect_rollouts(engine, problems, args.k, params, pool, 999, batch_problems=bp)
+        env = env_for(None, engine, pool, params.max_new_tokens)
+        collect_rollouts(engine, env, problems, args.k, params, 999, batch_problems=bp)
         for rep in range(args.repeats):
             seed = 1000 + rep
             t0 = time.perf_counter()
@@ -131,7 +133,8 @@ def main() -> None:
 
             runs = {}
             for overlap in (False, True):
-                rows, timing = collect_rollouts(engine, problems, args.k, params, pool, seed, batch_problems=bp,
+                env = env_for(None, engine, pool, params.max_new_tokens)
+                rows, timing = collect_rollouts(engine, env, problems, args.k, params, seed, batch_problems=bp,
                                                 overlap=overlap)
                 runs[overlap] = timing
                 record(f"collect_rollouts wall, overlap={overlap}", timing.wall_s, timing.tokens)

@@ -577,6 +577,19 @@ class FinetuneConfig(StageConfig):
     seq_len: int = Field(128, ge=8, description="Packed sequence length of the fine-tuning tokens.")
 
 
+class CodeExecConfig(StageConfig):
+    """``code_exec``: one completion per episode, judged against the problem's tests (codemill.rl.envs)."""
+
+    kind: Literal["code_exec"] = "code_exec"
+
+    @property
+    def max_turns(self) -> int:
+        return 1
+
+
+EnvConfig = CodeExecConfig
+
+
 class RLConfig(StageConfig):
     """RL for code: iterations of rollout -> sandboxed reward -> update (`codemill rl`)."""
 
@@ -584,6 +597,8 @@ class RLConfig(StageConfig):
                                               "(fine-tune on the passing samples).")
     iterations: int = Field(4, ge=1, description="Rollout/update iterations.")
     seed: int = Field(0, description="Seed of the problem order, the sampling and the updates.")
+    env: EnvConfig = Field(default_factory=CodeExecConfig, description="The environment episodes run in, by kind "
+                           "(docs/rl.md#environments).")
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     grpo: GRPOConfig = Field(default_factory=GRPOConfig)
     rft: FinetuneConfig = Field(default_factory=lambda: FinetuneConfig(epochs=2.0, lr=3e-4), description=(
@@ -596,6 +611,15 @@ class RLConfig(StageConfig):
         "the warm start taught are mostly all-pass groups that dynamic sampling drops."))
     heldout_samples: int = Field(8, ge=1, description="Samples per val problem for the held-out pass rate of "
                                  "the starting and the final policy (paired, per problem).")
+
+    @model_validator(mode="after")
+    def _rft_needs_single_turn(self) -> RLConfig:
+        """Rejection sampling fine-tunes on whole documents; a multi-turn episode holds the environment's tokens,
+        which only a masked loss (grpo) keeps out of training."""
+        if self.algorithm == "rft" and self.env.max_turns > 1:
+            raise ValueError(f"algorithm rft needs a single-turn environment; rl.env ({self.env.kind}) allows "
+                             f"{self.env.max_turns} turns: use grpo")
+        return self
 
     @model_validator(mode="after")
     def _same_temperature(self) -> RLConfig:

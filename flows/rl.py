@@ -108,7 +108,8 @@ def iteration_table(stages: dict[str, StageResult], iterations: int) -> list[dic
         u = up.get("update") or {}
         row = {"iteration": i, **{k: ro.get(k) for k in ("reward_mean", "reward_std", "pass_rate",
                                                           "zero_variance_groups", "response_tokens_mean",
-                                                          "truncated_frac", "suspicious")},
+                                                          "truncated_frac", "turns_mean", "observed_token_frac",
+                                                          "suspicious")},
                "signal_groups": None if ro.get("zero_variance_groups") is None
                else 1.0 - float(ro["zero_variance_groups"]),
                "kl": u.get("kl"), "entropy": u.get("entropy"), "clip_frac_low": u.get("clip_frac_low"),
@@ -142,7 +143,7 @@ def run_rl(config: PipelineConfig, model: str | None) -> dict[str, Any]:
     """The ``rl`` flow's body (call it inside the flow)."""
     from codemill.report import reward_curve_png
     from codemill.rl.heldout import compare_pass_rates
-    from codemill.rl.rollout import read_rollouts
+    from codemill.rl.trajectory import read_rollouts
 
     logger = get_run_logger()
     tag_current_flow_run("rl")

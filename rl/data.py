@@ -57,6 +57,9 @@ def passing_documents(rows: Iterable[dict], eos_ids: set[int]) -> list[list[int]
     seen: set[tuple[str, tuple[int, ...]]] = set()
     out = []
     for r in rows:
+        if not all(r["loss_mask"]):
+            raise ValueError(f"rollouts of {r['problem_id']} hold environment tokens (a multi-turn episode): "
+                             "rejection sampling trains on whole documents, without a loss mask; use grpo")
         completion = list(r["completion_ids"])
         while completion and completion[-1] in eos_ids:
             completion.pop()

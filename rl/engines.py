@@ -89,11 +89,19 @@ class Completion:
 
 @runtime_checkable
 class RolloutEngine(Protocol):
-    """A generator the RL loop can drive. ``generate`` returns ``k`` completions per prompt, in prompt order;
-    ``seeds[i]`` fixes prompt i's samples whatever else is in the call."""
+    """A generator the RL loop can drive. ``generate_ids`` is token in, token out: ``k`` completions per context
+    of token ids, in context order, ``seeds[i]`` fixing context i's samples whatever else is in the call; a
+    multi-turn episode's context is the tokens it sampled and observed so far, never re-rendered text.
+    ``generate`` encodes text prompts (``encode_prompt``) and calls it."""
+
+    tokenizer: Any
+    max_context: int
 
     def generate(self, prompts: Sequence[str], k: int, params: RolloutParams,
                  seeds: Sequence[int]) -> list[list[Completion]]: ...
+
+    def generate_ids(self, contexts: Sequence[Sequence[int]], k: int, params: RolloutParams,
+                     seeds: Sequence[int]) -> list[list[Completion]]: ...
 
     def load_weights(self, hf_dir: str | Path) -> None: ...
 
@@ -157,6 +165,20 @@ def _eos_ids(tokenizer: Any, model: Any) -> set[int]:
     return ids
 
 
+def check_contexts(contexts: Sequence[Sequence[int]], seeds: Sequence[int], max_context: int,
+                   max_new_tokens: int) -> None:
+    """Token-in generation takes contexts as they are (no truncation: that would change what an episode saw), so
+    each must leave ``max_new_tokens`` of the context; the rollout loop ends an episode before it would not."""
+    if len(seeds) != len(contexts):
+        raise ValueError(f"{len(contexts)} contexts but {len(seeds)} seeds")
+    for c in contexts:
+        if not c:
+            raise ValueError("a context without tokens")
+        if len(c) + max_new_tokens > max_context:
+            raise ValueError(f"a context of {len(c)} tokens + {max_new_tokens} new tokens exceeds the engine's "
+                             f"context of {max_context}")
+
+
 def encode_prompt(tokenizer: Any, prompt: str, max_context: int, max_new_tokens: int) -> list[int]:
     """A prompt's token ids, left-truncated to leave ``max_new_tokens`` of the context: both engines encode
     prompts this one way, so they sample from the same tokens."""
@@ -215,9 +237,16 @@ class HFEngine:
         reference); the sampled tokens are the same either way."""
         if len(seeds) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(seeds)} seeds")
-        rows = [(i, j) for i in range(len(prompts)) for j in range(k)]
-        encoded = [self.encode(p, params.max_new_tokens) for p in prompts]
-        out: list[list[Completion]] = [[] for _ in prompts]
+        return self.generate_ids([self.encode(p, params.max_new_tokens) for p in prompts], k, params, seeds,
+                                 logprobs=logprobs)
+
+    def generate_ids(self, contexts: Sequence[Sequence[int]], k: int, params: RolloutParams, seeds: Sequence[int],
+                     *, logprobs: bool = True) -> list[list[Completion]]:
+        """``k`` samples per context of token ids (token in, token out)."""
+        check_contexts(contexts, seeds, self.max_context, params.max_new_tokens)
+        rows = [(i, j) for i in range(len(contexts)) for j in range(k)]
+        encoded = [list(c) for c in contexts]
+        out: list[list[Completion]] = [[] for _ in contexts]
         for start in range(0, len(rows), self.rows_per_forward):
             chunk = rows[start:start + self.rows_per_forward]
             done = self._generate_rows([encoded[i] for i, _ in chunk],
@@ -401,9 +430,15 @@ class VLLMEngine:
                  seeds: Sequence[int]) -> list[list[Completion]]:
         if len(seeds) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(seeds)} seeds")
+        return self.generate_ids([self.encode(p, params.max_new_tokens) for p in prompts], k, params, seeds)
+
+    def generate_ids(self, contexts: Sequence[Sequence[int]], k: int, params: RolloutParams,
+                     seeds: Sequence[int]) -> list[list[Completion]]:
+        """``k`` samples per context of token ids (token in, token out), given to vLLM as token prompts."""
+        check_contexts(contexts, seeds, self.max_context, params.max_new_tokens)
         # One request per sample, each with its own seed (as HFEngine's rows); the prefix cache shares the prompt.
-        requests = [(i, j) for i in range(len(prompts)) for j in range(k)]
-        encoded = [self.encode(p, params.max_new_tokens) for p in prompts]
+        requests = [(i, j) for i in range(len(contexts)) for j in range(k)]
+        encoded = [list(c) for c in contexts]
         sp = [self._vllm.SamplingParams(n=1, seed=None if params.greedy else sample_seed(int(seeds[i]), j) % 2**31,
                                         temperature=params.temperature, top_p=1.0 if params.greedy else params.top_p,
                                         max_tokens=params.max_new_tokens, stop=list(params.stop), logprobs=0,
@@ -411,7 +446,7 @@ class VLLMEngine:
               for i, j in requests]
         outputs = self.llm.generate([{"prompt_token_ids": encoded[i]} for i, _ in requests], sampling_params=sp,
                                     use_tqdm=False)
-        result: list[list[Completion]] = [[] for _ in prompts]
+        result: list[list[Completion]] = [[] for _ in contexts]
         for (i, _), req in zip(requests, outputs, strict=True):
             prompt_ids = list(req.prompt_token_ids)
             (c,) = req.outputs

@@ -1,10 +1,12 @@
-"""Rollouts for RL: k samples per problem from a ``RolloutEngine``, rewarded in the sandbox while the next batch
-generates, written as the contract's ``rollouts.parquet`` table.
+"""Rollouts for RL: k episodes per problem in an environment (``codemill.rl.env``), sampled by a
+``RolloutEngine`` token in, token out, written as the contract's rollouts table (``codemill.rl.trajectory``).
 
 ``collect_rollouts`` walks the problems in fixed batches (``batch_problems`` consecutive groups; a problem's
-group is its index in the iteration). Each finished batch goes to ``sandbox.rewards.score`` on the ``JudgePool`` in
-a background thread, so judging batch i overlaps generating batch i+1 (``overlap=False`` judges each batch
-before generating the next: the benchmark's reference). A prompt's seed is ``derive_seed(seed, group)``, so the
+group is its index in the iteration). A batch's turn is generated in this thread and stepped (judged) in a
+background one, so judging one batch overlaps generating another: a batch whose step came back with live
+episodes gets its next turn first, otherwise the next batch starts (``overlap=False`` steps each turn before
+generating anything else: the benchmark's reference). A group's first turn is sampled with
+``derive_seed(seed, group)`` for its k samples; later turns with the episode's own seed and the turn, so the
 samples do not depend on the batching, the order or the worker (``rollout_ray`` shards whole batches over Ray).
 
 Rewards fail closed: a sandbox that cannot start raises (``SandboxUnavailable``), never zero rewards. A sample the
@@ -15,43 +17,22 @@ again, up to ``reward_retries`` times, on the pool's fresh servers; the pool its
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
-
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from codemill import metrics
 from codemill.problems.problem import ExecProblem
-from codemill.rl.engines import FINISH_REASONS, Completion, RolloutEngine, RolloutParams, derive_seed
+from codemill.rl.engines import RolloutEngine, RolloutParams, derive_seed
+from codemill.rl.env import Environment, Episode, StepResult
+from codemill.rl.trajectory import trajectory_row
 from codemill.sandbox.judge_pool import JudgePool
 from codemill.sandbox.rewards import Reward, score
 
-ROLLOUTS_FILE = "rollouts.parquet"
 RETRY_KINDS = ("no_verdict", "judge_error")  # the host got no verdict from the judge: judge again
-
-ROLLOUT_SCHEMA = pa.schema([
-    ("problem_id", pa.string()),
-    ("group", pa.int32()),
-    ("sample", pa.int32()),
-    ("prompt", pa.string()),
-    ("completion", pa.string()),
-    ("prompt_ids", pa.list_(pa.int32())),
-    ("completion_ids", pa.list_(pa.int32())),
-    ("logprobs", pa.list_(pa.float32())),
-    ("finish_reason", pa.string()),
-    ("reward", pa.float64()),
-    ("partial", pa.float64()),
-    ("outcome", pa.string()),
-    ("duration_s", pa.float64()),
-    ("suspicious", pa.string()),
-])
 
 
 def prompt_seed(seed: int, group: int) -> int:
@@ -122,43 +103,57 @@ def problem_map(problems: Iterable[ExecProblem]) -> dict[str, ExecProblem]:
     return out
 
 
-def judge(problems: Sequence[ExecProblem], completions: Sequence[str], pool: JudgePool,
-          retries: int = 2) -> tuple[list[Reward], int]:
+def judge_counted(problems: Sequence[ExecProblem], completions: Sequence[str], pool: JudgePool,
+                  retries: int = 2) -> tuple[list[Reward], list[int]]:
     """Rewards in input order, each sample with no verdict judged again up to ``retries`` times; also how many
-    judgings were repeated."""
+    times each was judged again."""
     by_id = problem_map(problems)
     samples = [(p.problem_id, c) for p, c in zip(problems, completions, strict=True)]
     rewards = list(score(by_id, samples, pool).rewards)
-    rejudged = 0
+    rejudged = [0] * len(rewards)
     for _ in range(retries):
         again = [i for i, r in enumerate(rewards) if not r.passed and r.suspicious in RETRY_KINDS]
         if not again:
             break
-        rejudged += len(again)
         for i, r in zip(again, score(by_id, [samples[i] for i in again], pool).rewards, strict=True):
+            rejudged[i] += 1
             rewards[i] = Reward(r.problem_id, rewards[i].sample_idx, r.passed, r.partial, r.outcome, r.error,
                                 r.duration_s, r.suspicious)
     return rewards, rejudged
 
 
-def _rows(problems: Sequence[ExecProblem], groups: Sequence[int], generated: Sequence[Sequence[Completion]],
-          rewards: Sequence[Reward]) -> list[dict[str, Any]]:
-    rows = []
-    flat = [(p, g, j, c) for p, g, cs in zip(problems, groups, generated, strict=True) for j, c in enumerate(cs)]
-    for (p, g, j, c), r in zip(flat, rewards, strict=True):
-        rows.append({"problem_id": p.problem_id, "group": g, "sample": j, "prompt": p.prompt,
-                     "completion": c.text, "prompt_ids": c.prompt_ids, "completion_ids": c.completion_ids,
-                     "logprobs": c.logprobs, "finish_reason": c.finish_reason, "reward": r.reward,
-                     "partial": r.partial, "outcome": r.outcome, "duration_s": r.duration_s,
-                     "suspicious": r.suspicious or ""})
-    return rows
+def judge(problems: Sequence[ExecProblem], completions: Sequence[str], pool: JudgePool,
+          retries: int = 2) -> tuple[list[Reward], int]:
+    """``judge_counted`` with the repeated judgings summed."""
+    rewards, rejudged = judge_counted(problems, completions, pool, retries)
+    return rewards, sum(rejudged)
 
 
-def collect_rollouts(engine: RolloutEngine, problems: Sequence[ExecProblem], k: int, params: RolloutParams,
-                     pool: JudgePool, seed: int, *, batch_problems: int = 8, overlap: bool = True,
-                     groups: Sequence[int] | None = None, reward_retries: int = 2,
+@dataclass
+class _Batch:
+    """One batch's episodes while they run; ``turn`` is the turn being stepped."""
+
+    index: int
+    episodes: list[Episode]
+    turn: int = 0
+    step: Future[list[StepResult]] | None = None
+    stepping: list[Episode] = field(default_factory=list)
+
+    @property
+    def live(self) -> list[Episode]:
+        return [e for e in self.episodes if not e.done]
+
+
+def turn_seed(episode_seed: int, turn: int) -> int:
+    """The seed of an episode's turn after the first (the first is sampled with its group's k samples)."""
+    return derive_seed("turn", episode_seed, turn)
+
+
+def collect_rollouts(engine: RolloutEngine, env: Environment, problems: Sequence[ExecProblem], k: int,
+                     params: RolloutParams, seed: int, *, batch_problems: int = 8, overlap: bool = True,
+                     groups: Sequence[int] | None = None,
                      on_batch: Callable[[int, int], None] | None = None) -> tuple[list[dict[str, Any]], RolloutTimings]:
-    """``k`` rewarded samples per problem: rows per the rollouts table, sorted by (group, sample), and timings.
+    """``k`` episodes per problem in ``env``: trajectory rows sorted by (group, sample), and timings.
 
     ``groups`` are the problems' indices in the iteration (default 0..n-1); a worker given a shard of whole batches
     passes their global indices, so its rows are the ones the single-process run makes."""
@@ -173,129 +168,117 @@ def collect_rollouts(engine: RolloutEngine, problems: Sequence[ExecProblem], k: 
     lock = threading.Lock()
     t_start = time.monotonic()
     batches = batches_of(groups, batch_problems)
+    limits = env.limits
+    budget = min(engine.max_context, limits.max_total_tokens or engine.max_context)
+    rows: list[dict[str, Any]] = []
+    finished = 0
 
-    def reward_batch(positions: list[int], generated: list[list[Completion]]) -> list[dict[str, Any]]:
+    def generate(batch: _Batch) -> None:
+        """The batch's next turn for its live episodes, then its step submitted."""
         t0 = time.monotonic()
-        batch_problems_ = [problems[i] for i in positions]
-        flat_p = [p for p, cs in zip(batch_problems_, generated, strict=True) for _ in cs]
-        rewards, rejudged = judge(flat_p, [c.text for cs in generated for c in cs], pool, reward_retries)
-        spent = time.monotonic() - t0
-        m.rollout_samples_in_flight.dec(len(rewards))
-        m.rollout_reward_seconds.inc(spent)
-        for r in rewards:
-            m.rollout_episodes.labels(r.outcome).inc()
-        with lock:
-            timings.reward_s += spent
-            timings.rejudged += rejudged
-            for r in rewards:
-                if r.suspicious:
-                    timings.suspicious[r.suspicious] = timings.suspicious.get(r.suspicious, 0) + 1
-        return _rows(batch_problems_, [groups[i] for i in positions], generated, rewards)
-
-    pending: list[Future[list[dict[str, Any]]]] = []
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="codemill-rewards") as rewarder:
-        for b, positions in enumerate(batches):
-            t0 = time.monotonic()
-            generated = engine.generate([problems[i].prompt for i in positions], k, params,
-                                        [prompt_seed(seed, groups[i]) for i in positions])
-            spent = time.monotonic() - t0
-            tokens = sum(len(c.completion_ids) for cs in generated for c in cs)
-            samples = sum(len(cs) for cs in generated)
-            timings.generation_s += spent
-            timings.tokens += tokens
-            timings.samples += samples
-            m.rollout_generation_seconds.inc(spent)
-            m.rollout_tokens.inc(tokens)
-            m.rollout_samples.inc(samples)
-            m.rollout_samples_in_flight.inc(samples)
+        if batch.turn == 0:
+            firsts = batch.episodes[::k]
+            generated = engine.generate_ids([e.prompt_ids for e in firsts], k, params,
+                                            [prompt_seed(seed, e.group) for e in firsts])
             if any(len(cs) != k for cs in generated):
                 raise RuntimeError(f"the engine returned {[len(cs) for cs in generated]} samples, not {k} per prompt")
-            future = rewarder.submit(reward_batch, positions, generated)
-            if not overlap:
-                t0 = time.monotonic()
-                future.result()  # judge this batch before generating the next
-                timings.reward_wait_s += time.monotonic() - t0
-            pending.append(future)
-            for f in pending:  # a judge that failed (the sandbox gone) stops the generation now, not at the end
-                if f.done() and f.exception() is not None:
-                    f.result()
-            if on_batch:
-                on_batch(b + 1, len(batches))
+            actions = [c for cs in generated for c in cs]
+            live = batch.episodes
+        else:
+            live = batch.live
+            generated = engine.generate_ids([e.context for e in live], 1, params,
+                                            [turn_seed(e.seed, batch.turn) for e in live])
+            actions = [cs[0] for cs in generated]
+        spent = time.monotonic() - t0
+        tokens = sum(len(c.completion_ids) for c in actions)
+        timings.generation_s += spent
+        timings.tokens += tokens
+        if batch.turn == 0:
+            timings.samples += len(actions)
+            m.rollout_samples.inc(len(actions))
+            m.rollout_samples_in_flight.inc(len(actions))
+        m.rollout_generation_seconds.inc(spent)
+        m.rollout_tokens.inc(tokens)
+        for e, a in zip(live, actions, strict=True):
+            e.act(a)
+        last = [batch.turn + 1 >= limits.max_turns] * len(live)
+        batch.stepping = live
+        batch.step = stepper.submit(step, live, actions, last)
+
+    def step(live: list[Episode], actions: list[Any], last: list[bool]) -> list[StepResult]:
         t0 = time.monotonic()
-        rows = [row for f in pending for row in f.result()]
-        timings.reward_wait_s += time.monotonic() - t0
+        results = env.step(live, actions, last)
+        if len(results) != len(live):
+            raise RuntimeError(f"the environment answered {len(results)} of {len(live)} episodes")
+        spent = time.monotonic() - t0
+        m.rollout_reward_seconds.inc(spent)
+        with lock:
+            timings.reward_s += spent
+            timings.rejudged += sum(r.info.rejudged for r in results)
+        return results
+
+    def settle(batch: _Batch) -> bool:
+        """Apply the batch's step; True when every episode of the batch has ended (its rows are then taken)."""
+        assert batch.step is not None
+        results = batch.step.result()
+        now = time.monotonic()
+        for e, r, was_last in zip(batch.stepping, results, [batch.turn + 1 >= limits.max_turns] * len(results),
+                                  strict=True):
+            if was_last and not r.done:
+                r = StepResult([], r.reward, True, r.info)  # the loop's turn limit ends what the env did not
+            e.observe(r)
+            if e.done:
+                continue
+            if len(e.context) + params.max_new_tokens > budget:
+                e.cut("max_tokens")
+            elif limits.wall_s is not None and now - e.started > limits.wall_s:
+                e.cut("wall_time")
+        batch.step, batch.stepping, batch.turn = None, [], batch.turn + 1
+        if batch.live:
+            return False
+        for e in batch.episodes:
+            m.rollout_samples_in_flight.dec(1)
+            m.rollout_episodes.labels(e.info.outcome if e.info else e.finish_reason).inc()
+            if e.info and e.info.suspicious:
+                timings.suspicious[e.info.suspicious] = timings.suspicious.get(e.info.suspicious, 0) + 1
+            rows.append(trajectory_row(e))
+        return True
+
+    def start(b: int) -> _Batch:
+        episodes = []
+        now = time.monotonic()
+        for pos in batches[b]:
+            problem, group = problems[pos], groups[pos]
+            pseed = prompt_seed(seed, group)
+            reset = env.reset(problem, pseed)
+            episodes += [Episode.start(problem, group, j, derive_seed("episode", pseed, j), reset, now)
+                         for j in range(k)]
+        batch = _Batch(b, episodes)
+        generate(batch)
+        return batch
+
+    running: list[_Batch] = []
+    next_batch = 0
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="codemill-rewards") as stepper:
+        while next_batch < len(batches) or running:
+            ready = [b for b in running if b.step is not None and b.step.done()]
+            if ready:
+                batch = ready[0]
+                if settle(batch):
+                    running.remove(batch)
+                    finished += 1
+                    if on_batch:
+                        on_batch(finished, len(batches))
+                else:
+                    generate(batch)
+            elif next_batch < len(batches) and (overlap or not running):
+                running.append(start(next_batch))
+                next_batch += 1
+            else:
+                t0 = time.monotonic()
+                wait([b.step for b in running if b.step is not None], return_when=FIRST_COMPLETED)
+                timings.reward_wait_s += time.monotonic() - t0
     timings.batches = len(batches)
     timings.wall_s = time.monotonic() - t_start
     rows.sort(key=lambda r: (r["group"], r["sample"]))
     return rows, timings
-
-
-class RolloutsSchemaError(ValueError):
-    """A rollouts table that is not the contract's; the message lists every problem found."""
-
-
-def rollouts_table(rows: Sequence[dict[str, Any]]) -> pa.Table:
-    """Rows as a table with the exact schema (columns in order, types as the contract names them)."""
-    table = pa.Table.from_pylist(list(rows), schema=ROLLOUT_SCHEMA)
-    problems = _check(table)
-    if problems:
-        raise RolloutsSchemaError("rollouts rows: " + "; ".join(problems))
-    return table
-
-
-def write_rollouts(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
-    """Write ``rollouts.parquet`` (checked first; written to a temporary name and renamed, so a reader never sees
-    half a file). ``path`` is the file, or a folder to write ``rollouts.parquet`` into."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / ROLLOUTS_FILE
-    table = rollouts_table(rows)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    pq.write_table(table, tmp)
-    os.replace(tmp, path)
-    return path
-
-
-def read_rollouts(path: str | Path) -> pa.Table:
-    """A rollouts file, validated: the exact columns and types, sorted (group, sample), one log-prob per completion
-    token, known finish reasons. Raises ``RolloutsSchemaError`` naming everything that is wrong."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / ROLLOUTS_FILE
-    table = pq.read_table(path)
-    problems = _check(table)
-    if problems:
-        raise RolloutsSchemaError(f"{path}: " + "; ".join(problems))
-    return table
-
-
-def _check(table: pa.Table) -> list[str]:
-    problems = []
-    want = {f.name: f.type for f in ROLLOUT_SCHEMA}
-    have = {f.name: f.type for f in table.schema}
-    missing = [n for n in want if n not in have]
-    extra = [n for n in have if n not in want]
-    if missing:
-        problems.append(f"missing columns {missing}")
-    if extra:
-        problems.append(f"unexpected columns {extra}")
-    problems += [f"column {n!r} is {have[n]}, expected {t}" for n, t in want.items() if n in have and have[n] != t]
-    if problems:
-        return problems
-    if table.schema.names != ROLLOUT_SCHEMA.names:
-        problems.append(f"columns out of order: {table.schema.names}")
-    nulls = [n for n in want if table.column(n).null_count]
-    if nulls:
-        problems.append(f"null values in {nulls}")
-    cols = table.select(["group", "sample", "completion_ids", "logprobs", "finish_reason"]).to_pydict()
-    keys = list(zip(cols["group"], cols["sample"], strict=True))
-    if any(b <= a for a, b in zip(keys, keys[1:], strict=False)):
-        problems.append("rows are not sorted by (group, sample) without duplicates")
-    bad_len = [i for i, (ids, lps) in enumerate(zip(cols["completion_ids"], cols["logprobs"], strict=True))
-               if ids is not None and lps is not None and len(ids) != len(lps)]
-    if bad_len:
-        problems.append(f"rows {bad_len[:5]} have a different number of log-probs than completion tokens")
-    reasons = sorted({r for r in cols["finish_reason"] if r not in FINISH_REASONS}, key=str)
-    if reasons:
-        problems.append(f"unknown finish_reason values {reasons[:5]} (expected one of {list(FINISH_REASONS)})")
-    return problems

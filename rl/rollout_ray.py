@@ -25,6 +25,7 @@ from typing import Any
 from codemill.metrics.push import worker_pusher, worker_target
 from codemill.problems.problem import ExecProblem
 from codemill.rl.engines import HFEngine, RolloutEngine, RolloutParams
+from codemill.rl.envs import env_for
 from codemill.rl.rollout import RolloutTimings, batches_of, collect_rollouts
 from codemill.sandbox.judge_pool import JudgePool
 from codemill.sandbox.limits import Limits
@@ -60,11 +61,13 @@ class RolloutWorker:
             self.policy_dir = hf_dir
 
     def collect(self, policy_dir: str, problems: list[ExecProblem], groups: list[int], k: int,
-                params: RolloutParams, seed: int, batch_problems: int, overlap: bool,
-                reward_retries: int) -> tuple[list[dict[str, Any]], RolloutTimings]:
+                params: RolloutParams, seed: int, batch_problems: int, overlap: bool, env_config: Any,
+                reward: str, reward_retries: int) -> tuple[list[dict[str, Any]], RolloutTimings]:
         self.load_weights(policy_dir)
-        out = collect_rollouts(self.engine, problems, k, params, self.pool, seed, batch_problems=batch_problems,
-                               overlap=overlap, groups=groups, reward_retries=reward_retries)
+        env = env_for(env_config, self.engine, self.pool, params.max_new_tokens, reward=reward,
+                      reward_retries=reward_retries)
+        out = collect_rollouts(self.engine, env, problems, k, params, seed, batch_problems=batch_problems,
+                               overlap=overlap, groups=groups)
         if self.pusher is not None:
             self.pusher.push()  # the shard's counts, now rather than at the next interval
         return out
@@ -121,16 +124,17 @@ class RayRollouts:
         self._ray.get([a.load_weights.remote(self.policy_dir) for a in self.actors])
 
     def collect(self, problems: Sequence[ExecProblem], k: int, params: RolloutParams, seed: int, *,
-                batch_problems: int = 8, overlap: bool = True,
+                batch_problems: int = 8, overlap: bool = True, env_config: Any = None, reward: str = "binary",
                 reward_retries: int = 2) -> tuple[list[dict[str, Any]], RolloutTimings]:
-        """The rows ``collect_rollouts`` makes in one process, from the workers; timings summed over workers."""
+        """The rows ``collect_rollouts`` makes in one process, from the workers; timings summed over workers.
+        ``env_config``: the environment (None: ``code_exec``)."""
         t0 = time.monotonic()
         groups = list(range(len(problems)))
         shards: list[list[int]] = [[] for _ in self.actors]
         for b, positions in enumerate(batches_of(groups, batch_problems)):
             shards[b % len(self.actors)].extend(positions)
         refs = [a.collect.remote(self.policy_dir, [problems[i] for i in shard], shard, k, params, seed,
-                                 batch_problems, overlap, reward_retries)
+                                 batch_problems, overlap, env_config, reward, reward_retries)
                 for a, shard in zip(self.actors, shards, strict=True) if shard]
         timings = RolloutTimings(overlap=overlap, workers=len(refs))
         rows: list[dict[str, Any]] = []
@@ -154,7 +158,8 @@ class RayRollouts:
 def collect_rollouts_ray(ray_address: str, policy_dir: str | Path, problems: Sequence[ExecProblem], k: int,
                          params: RolloutParams, limits: Limits | None, seed: int, *, batch_problems: int = 8,
                          overlap: bool = True, workers: int | None = None, judge_workers: int = 1,
-                         max_context: int | None = None, device: str = "cpu", reward_retries: int = 2,
+                         max_context: int | None = None, device: str = "cpu", env_config: Any = None,
+                         reward: str = "binary", reward_retries: int = 2,
                          ray_init: dict[str, Any] | None = None) -> tuple[list[dict[str, Any]], RolloutTimings]:
     """One collection on a fleet started for it (``RayRollouts`` keeps the workers across iterations instead).
     ``workers`` Ray workers (default 2), each with ``judge_workers`` sandbox slots."""
@@ -163,4 +168,4 @@ def collect_rollouts_ray(ray_address: str, policy_dir: str | Path, problems: Seq
                      judge_workers=judge_workers, engine_factory=factory, ray_init=ray_init,
                      gpus_per_worker=1 if device == "cuda" else 0) as fleet:
         return fleet.collect(problems, k, params, seed, batch_problems=batch_problems, overlap=overlap,
-                             reward_retries=reward_retries)
+                             env_config=env_config, reward=reward, reward_retries=reward_retries)

@@ -75,7 +75,8 @@ from codemill.rl.algorithms.grpo import (
     zero_variance_groups,
 )
 
-ROLLOUT_COLUMNS = ["group", "sample", "prompt_ids", "completion_ids", "logprobs", "finish_reason", "reward"]
+ROLLOUT_COLUMNS = ["group", "sample", "prompt_ids", "completion_ids", "loss_mask", "logprobs", "finish_reason",
+                   "reward"]
 SUMMARY = "update_summary.json"
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".safetensors.index.json", ".bin.index.json")
 
@@ -110,9 +111,14 @@ class RLUpdateSpec(BaseModel):
 @dataclass(frozen=True)
 class Sample:
     prompt_ids: list[int]
-    completion_ids: list[int]
+    completion_ids: list[int]  # every token after the prompt: sampled (loss_mask 1) and observed (0)
     logprobs: list[float]
     advantage: float
+    loss_mask: list[int]
+
+    @property
+    def loss_tokens(self) -> int:
+        return sum(self.loss_mask)
 
 
 @dataclass
@@ -140,10 +146,10 @@ def plan_update(table: dict[str, list], cfg: GRPOConfig, max_new_tokens: int | N
     groups = np.asarray(table["group"])
     n = len(rewards)
     for i in range(n):
-        if len(table["completion_ids"][i]) != len(table["logprobs"][i]):
+        if not len(table["completion_ids"][i]) == len(table["logprobs"][i]) == len(table["loss_mask"][i]):
             raise ValueError(f"rollout row {i} (group {groups[i]}, sample {table['sample'][i]}): "
                              f"{len(table['completion_ids'][i])} completion tokens but "
-                             f"{len(table['logprobs'][i])} log-probs")
+                             f"{len(table['logprobs'][i])} log-probs and {len(table['loss_mask'][i])} mask values")
     adv = group_advantages(rewards, groups, norm_by_std=cfg.norm_adv_by_std)
     zero_var = zero_variance_groups(rewards, groups)
     keep = np.ones(n, dtype=bool)
@@ -152,13 +158,13 @@ def plan_update(table: dict[str, list], cfg: GRPOConfig, max_new_tokens: int | N
     truncated = ~overlong_keep(table["finish_reason"])
     if cfg.overlong_mask:
         keep &= ~truncated
-    keep &= np.array([len(c) > 0 for c in table["completion_ids"]], dtype=bool)
+    keep &= np.array([sum(m) > 0 for m in table["loss_mask"]], dtype=bool)
     samples = [Sample(list(table["prompt_ids"][i]), list(table["completion_ids"][i]), list(table["logprobs"][i]),
-                      float(adv[i])) for i in np.flatnonzero(keep)]
+                      float(adv[i]), list(table["loss_mask"][i])) for i in np.flatnonzero(keep)]
     all_groups = set(groups.tolist())
     zv_groups = set(groups[zero_var].tolist())
     kept_groups = set(groups[keep].tolist())
-    longest = max((len(c) for c in table["completion_ids"]), default=1)
+    longest = max((sum(m) for m in table["loss_mask"]), default=1)
     stats = {"samples": n, "samples_kept": len(samples), "samples_truncated": int(truncated.sum()),
              "groups": len(all_groups), "groups_kept": len(kept_groups),
              "groups_zero_variance": len(zv_groups),
@@ -392,7 +398,8 @@ class GRPOUpdate:
         if not samples:
             return collate([[self.pad_id]], [[self.pad_id]], [[0.0]], [0.0], self.pad_id, trained=[False])
         return collate([s.prompt_ids for s in samples], [s.completion_ids for s in samples],
-                       [s.logprobs for s in samples], [s.advantage for s in samples], self.pad_id)
+                       [s.logprobs for s in samples], [s.advantage for s in samples], self.pad_id,
+                       loss_masks=[s.loss_mask for s in samples])
 
     def train_step(self, step: int) -> dict[str, float]:
         """One optimizer step over the step's samples (accumulated over micro-batches, gradients synced on the
@@ -400,7 +407,7 @@ class GRPOUpdate:
         cfg, d = self.cfg, self.d
         micros = self.order.micro_rows(step, d.rank, d.world, cfg.micro_batch_size)
         step_rows = self.order.step_rows(step)
-        den = step_denominator(cfg.loss_agg, [len(self.plan.samples[i].completion_ids) for i in step_rows.tolist()])
+        den = step_denominator(cfg.loss_agg, [self.plan.samples[i].loss_tokens for i in step_rows.tolist()])
         self.opt.zero_grad(set_to_none=True)
         sums = torch.zeros(len(SUM_KEYS) + 2, dtype=torch.float64)  # + the loss and the policy loss
         lo, hi = math.inf, -math.inf

@@ -33,7 +33,7 @@ from codemill.tasks.train import on_cuda, run_torchrun
 
 ROLLOUTS = "rollouts"
 POLICY = "policy"
-ROLLOUTS_CODE_VERSION = "rollouts-v1"
+ROLLOUTS_CODE_VERSION = "rollouts-v2"
 POLICY_CODE_VERSION = "policy-v3"
 ROLLOUTS_FILE = "rollouts.parquet"
 OPTIMIZER = "optimizer"  # a GRPO policy artifact's AdamW state, which the next iteration's update continues
@@ -51,7 +51,8 @@ def rollout_seed(cfg: RLConfig, split: str, iteration: int | None) -> int:
 def plan_rollouts(cfg: RLConfig, policy: ArtifactRef, problems: ArtifactRef, iteration: int | None,
                   split: str = "train") -> StagePlan:
     """k samples per problem of ``policy``: the train problems of ``iteration``, or every held-out problem."""
-    config: dict[str, Any] = {"split": split, "seed": cfg.seed, "rollout": cfg.rollout.digest_config()}
+    config: dict[str, Any] = {"split": split, "seed": cfg.seed, "env": cfg.env.digest_config(),
+                              "rollout": cfg.rollout.digest_config()}
     if split == HELDOUT:
         config["samples_per_problem"] = cfg.heldout_samples
         name = "heldout"
@@ -71,6 +72,11 @@ def finetune_train_config(train: TrainConfig, ft: FinetuneConfig, seed: int) -> 
         "checkpoint_every": max(1, ft.max_steps), "schedule": "cosine"})
 
 
+def sampled_token_budget(cfg: RLConfig) -> int:
+    """The most tokens an episode's policy can sample (Dr. GRPO's constant normaliser): every turn's budget."""
+    return cfg.rollout.max_new_tokens * cfg.env.max_turns
+
+
 def _update_config(cfg: RLConfig, train: TrainConfig, iteration: int) -> dict[str, Any]:
     from codemill.rl.engines import derive_seed
 
@@ -78,7 +84,7 @@ def _update_config(cfg: RLConfig, train: TrainConfig, iteration: int) -> dict[st
     if cfg.algorithm == "grpo":
         grpo = cfg.grpo.model_copy(update={"seed": seed})
         return {"algorithm": "grpo", "grpo": grpo.digest_config(),
-                "max_new_tokens": cfg.rollout.max_new_tokens, "iteration": iteration}
+                "max_new_tokens": sampled_token_budget(cfg), "iteration": iteration}
     ft = finetune_train_config(train, cfg.rft, seed)
     return {"algorithm": "rft", "train": ft.digest_config(), "seq_len": cfg.rft.seq_len, "iteration": iteration}
 
@@ -132,9 +138,11 @@ def sample_and_judge(cfg: RLConfig, problems: list, policy_hf: str, seed: int, k
             raise ValueError(f"rl.rollout.engine {r.engine!r} does not run on Ray (its workers use HFEngine)")
         rows, timings = collect_rollouts_ray(ray_address, policy_hf, problems, k, params, limits, seed,
                                              batch_problems=r.batch_problems, overlap=r.overlap,
-                                             max_context=r.context_len, device=_device(cfg), workers=r.workers)
+                                             max_context=r.context_len, device=_device(cfg), workers=r.workers,
+                                             env_config=cfg.env, reward=r.reward)
         return rows, {**timings.as_dict(), "weight_sync_s": 0.0, "engine": "hf"}
     from codemill.rl.engines import build_engine, engine_info
+    from codemill.rl.envs import env_for
     from codemill.rl.rollout import collect_rollouts
     from codemill.sandbox.judge_pool import JudgePool
 
@@ -144,7 +152,8 @@ def sample_and_judge(cfg: RLConfig, problems: list, policy_hf: str, seed: int, k
                                                                                                    _device(cfg))
         weight_sync_s = time.monotonic() - t0
         with JudgePool(limits, workers=r.workers) as pool, _cpu_threads_beside_judges(_device(cfg), r.overlap):
-            rows, timings = collect_rollouts(engine, problems, k, params, pool, seed,
+            env = env_for(cfg.env, engine, pool, r.max_new_tokens, reward=r.reward)
+            rows, timings = collect_rollouts(engine, env, problems, k, params, seed,
                                              batch_problems=r.batch_problems, overlap=r.overlap,
                                              on_batch=lambda i, n: say(f"batch {i}/{n}"))
     info = engine_info(engine)
@@ -209,7 +218,7 @@ def rollouts_task(plan: StagePlan, ctx: RunContext, cfg: RLConfig, policy_hf: st
                   ray_address: str | None = None) -> StageResult:
     from codemill.rl.data import iteration_problems
     from codemill.rl.metrics import rollout_metrics
-    from codemill.rl.rollout import write_rollouts
+    from codemill.rl.trajectory import write_rollouts
 
     logger = get_run_logger()
     store = ctx.store()
@@ -230,8 +239,6 @@ def rollouts_task(plan: StagePlan, ctx: RunContext, cfg: RLConfig, policy_hf: st
         seed = rollout_seed(cfg, split, plan.config.get("iteration"))
         rows, timings = sample_and_judge(cfg, chosen, policy_hf, seed, k, ray_address,
                                          lambda msg: progress.sink().stage(ROLLOUTS, f"{plan.name}: {msg}"))
-        if cfg.rollout.reward == "partial":
-            rows = [{**r, "reward": r["partial"]} for r in rows]
         write_rollouts(rows, w.path(ROLLOUTS_FILE))
         stats = {**rollout_metrics(rows, k), "timings": timings, "samples_per_problem": k, "seed": seed,
                  "problem_ids": [p.problem_id for p in chosen]}
@@ -304,7 +311,7 @@ def _grpo(plan: StagePlan, ctx: RunContext, cfg: RLConfig, policy_hf: str, refer
     previous = store.local_path(plan.input("policy")) / OPTIMIZER if plan.input("policy").stage == POLICY else None
     spec = RLUpdateSpec(grpo=grpo, policy_dir=policy_hf, reference_dir=reference_hf if grpo.kl_coef > 0 else None,
                         rollouts_path=str(rollouts), out_dir=str(w.dir / "hf"), ckpt_dir=str(scratch / "checkpoints"),
-                        max_new_tokens=cfg.rollout.max_new_tokens,
+                        max_new_tokens=sampled_token_budget(cfg),
                         optimizer_in=str(previous) if previous is not None and previous.is_dir() else None,
                         optimizer_out=str(w.dir / OPTIMIZER))
     t0 = time.monotonic()
@@ -326,7 +333,7 @@ def _finetune(plan: StagePlan, ctx: RunContext, cfg: RLConfig, train: TrainConfi
         solution_documents,
         write_sft_tokens,
     )
-    from codemill.rl.rollout import read_rollouts
+    from codemill.rl.trajectory import read_rollouts
 
     store = ctx.store()
     algorithm = plan.config["algorithm"]

@@ -82,11 +82,15 @@ def dynamic_sampling_keep(rewards: Sequence[float] | np.ndarray, groups: Sequenc
     return ~zero_variance_groups(rewards, groups)
 
 
+TRUNCATED = ("length", "max_tokens", "wall_time")  # codemill.rl.trajectory.TRUNCATED_REASONS
+
+
 def overlong_keep(finish_reasons: Sequence[str]) -> np.ndarray:
-    """Per row: True unless the completion was truncated at max_new_tokens (finish_reason "length"); DAPO's
-    overlong filtering and TRL's ``mask_truncated_completions`` give those no loss (their reward says nothing
-    about a completion that never ended)."""
-    return np.array([f != "length" for f in finish_reasons], dtype=bool)
+    """Per row: True unless the episode was truncated: its last turn cut at max_new_tokens (finish_reason
+    "length") or the episode cut on a limit (``max_tokens``, ``wall_time``); DAPO's overlong filtering, TRL's
+    ``mask_truncated_completions`` and DeepSWE's compact filtering give those no loss (their reward says
+    nothing about an episode that never ended)."""
+    return np.array([f not in TRUNCATED for f in finish_reasons], dtype=bool)
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
@@ -224,17 +228,23 @@ class MicroBatch:
 
 def collate(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]],
             old_logprobs: Sequence[Sequence[float]], advantages: Sequence[float], pad_id: int,
-            trained: Sequence[bool] | None = None) -> MicroBatch:
+            trained: Sequence[bool] | None = None,
+            loss_masks: Sequence[Sequence[int]] | None = None) -> MicroBatch:
     """Rows of ``prompt + completion`` padded right; the loss mask covers the completion tokens of trained rows
-    (a row with ``trained`` False, a padding row that keeps every rank's collectives in step, gets none)."""
+    whose ``loss_masks`` value is 1 (the tokens the policy sampled; None: every completion token), so the
+    environment's observations in a multi-turn episode are context but get no loss. A row with ``trained``
+    False, a padding row that keeps every rank's collectives in step, gets none."""
     if not prompts:
         raise ValueError("an empty micro-batch")
     trained = [True] * len(prompts) if trained is None else list(trained)
-    for p, c, lp in zip(prompts, completions, old_logprobs, strict=True):
+    masks = [[1] * len(c) for c in completions] if loss_masks is None else [list(m) for m in loss_masks]
+    for p, c, lp, lm in zip(prompts, completions, old_logprobs, masks, strict=True):
         if not p:
             raise ValueError("a row without prompt tokens: its first completion token has no position to score")
         if len(c) != len(lp):
             raise ValueError(f"completion has {len(c)} tokens but {len(lp)} log-probs")
+        if len(c) != len(lm):
+            raise ValueError(f"completion has {len(c)} tokens but {len(lm)} loss-mask values")
     lengths = [len(p) + len(c) for p, c in zip(prompts, completions, strict=True)]
     t = max(lengths)
     start = min(len(p) for p in prompts) - 1
@@ -249,7 +259,7 @@ def collate(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int
         first = len(p) - 1 - start  # the column scoring the first completion token
         old[i, first:first + len(c)] = torch.tensor(lp, dtype=torch.float32)
         if trained[i]:
-            mask[i, first:first + len(c)] = 1.0
+            mask[i, first:first + len(c)] = torch.tensor(masks[i], dtype=torch.float32)
     return MicroBatch(ids, attn, start, mask, old, torch.tensor(list(advantages), dtype=torch.float32))
 
 

@@ -157,7 +157,7 @@ def test_rejection_sampling_fine_tunes_on_the_passing_samples(rl_root: Path) -> 
     from transformers import AutoTokenizer
 
     from codemill.rl.data import passing_documents
-    from codemill.rl.rollout import read_rollouts
+    from codemill.rl.trajectory import read_rollouts
 
     out = _run(rl_root, "rft")
     stages, st = out["stages"], ArtifactStore(str(rl_root / "store"))

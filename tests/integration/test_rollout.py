@@ -17,7 +17,9 @@ import pytest
 from codemill.problems.problem import ExecProblem
 from codemill.problems.synthetic import synthetic_problems
 from codemill.rl.engines import Completion, HFEngine, RolloutParams, teacher_forced_logprobs
-from codemill.rl.rollout import collect_rollouts, judge, read_rollouts, write_rollouts
+from codemill.rl.envs import env_for
+from codemill.rl.rollout import collect_rollouts, judge
+from codemill.rl.trajectory import read_rollouts, write_rollouts
 from codemill.sandbox import Limits, SandboxUnavailable
 from codemill.sandbox.judge_pool import JudgePool
 
@@ -36,19 +38,31 @@ class ScriptedEngine:
         self.answers = answers  # prompt -> the k completion texts
         self.calls: list[int] = []
 
-    def generate(self, prompts: Sequence[str], k: int, params: RolloutParams,
-                 seeds: Sequence[int]) -> list[list[Completion]]:
-        self.calls.append(len(prompts))
+    @property
+    def tokenizer(self):
+        return self.hf.tokenizer
+
+    @property
+    def max_context(self) -> int:
+        return self.hf.max_context
+
+    def generate_ids(self, contexts: Sequence[Sequence[int]], k: int, params: RolloutParams,
+                     seeds: Sequence[int]) -> list[list[Completion]]:
+        self.calls.append(len(contexts))
+        by_ids = {tuple(self.hf.encode(prompt, params.max_new_tokens)): texts for prompt, texts in self.answers.items()}
         out = []
-        for prompt in prompts:
-            p_ids = self.hf.encode(prompt, params.max_new_tokens)
+        for p_ids in contexts:
             group = []
-            for text in self.answers[prompt][:k]:
+            for text in by_ids[tuple(p_ids)][:k]:
                 ids = self.hf.tokenizer(text, add_special_tokens=False)["input_ids"]
                 lps = teacher_forced_logprobs(self.hf.model, p_ids, ids, params.temperature)
-                group.append(Completion(text, p_ids, ids, lps, "length"))
+                group.append(Completion(text, list(p_ids), ids, lps, "length"))
             out.append(group)
         return out
+
+    def generate(self, prompts: Sequence[str], k: int, params: RolloutParams,
+                 seeds: Sequence[int]) -> list[list[Completion]]:
+        return self.generate_ids([self.hf.encode(p, params.max_new_tokens) for p in prompts], k, params, seeds)
 
     def load_weights(self, hf_dir: str | Path) -> None:
         self.hf.load_weights(hf_dir)
@@ -71,7 +85,8 @@ def test_rewards_of_known_completions_through_the_sandbox(policy, pool, tmp_path
     answers = {p.prompt: [p.reference_solution or "", "    return None\n", _wrong_on_one_case(p)] for p in PROBLEMS}
     engine = ScriptedEngine(policy, answers)
     params = RolloutParams(temperature=0.8, max_new_tokens=64)
-    rows, timings = collect_rollouts(engine, PROBLEMS, 3, params, pool, seed=1, batch_problems=2)
+    env = env_for(None, engine, pool, params.max_new_tokens)
+    rows, timings = collect_rollouts(engine, env, PROBLEMS, 3, params, seed=1, batch_problems=2)
     assert engine.calls == [2, 2]  # two fixed batches of two problems
     assert [(r["group"], r["sample"]) for r in rows] == [(g, s) for g in range(4) for s in range(3)]
     for g, p in enumerate(PROBLEMS):
@@ -100,7 +115,7 @@ def test_model_rollouts_overlapped_or_not_are_the_same(policy, pool, tmp_path, m
     engine = HFEngine(policy)
     params = RolloutParams(temperature=1.0, max_new_tokens=24, stop=("\ndef",))
     judged_until: list[float] = []
-    real_judge = rollout.judge
+    real_judge = rollout.judge_counted
 
     def timed_judge(*args, **kwargs):  # observes only: the real judge runs
         try:
@@ -108,15 +123,26 @@ def test_model_rollouts_overlapped_or_not_are_the_same(policy, pool, tmp_path, m
         finally:
             judged_until.append(time.monotonic())
 
-    monkeypatch.setattr(rollout, "judge", timed_judge)
+    monkeypatch.setattr(rollout, "judge_counted", timed_judge)
+    real_generate = engine.generate_ids
+    generated_at: list[float] = []  # when the engine started a batch's generation
+
+    def timed_generate(*args, **kwargs):  # observes only: the real engine samples
+        generated_at.append(time.monotonic())
+        return real_generate(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "generate_ids", timed_generate)
     runs = {}
     for overlap in (True, False):
         judged_until.clear()
-        handed_on: list[float] = []  # when the loop moved on from a batch (to generating the next)
-        runs[overlap] = collect_rollouts(engine, PROBLEMS, 2, params, pool, seed=3, batch_problems=1, overlap=overlap,
-                                         on_batch=lambda i, n, h=handed_on: h.append(time.monotonic()))
-        first_judged, first_handed_on = judged_until[0], handed_on[0]
-        assert (first_judged > first_handed_on) is overlap
+        generated_at.clear()
+        finished: list[int] = []
+        env = env_for(None, engine, pool, params.max_new_tokens)
+        runs[overlap] = collect_rollouts(engine, env, PROBLEMS, 2, params, seed=3, batch_problems=1, overlap=overlap,
+                                         on_batch=lambda i, n, f=finished: f.append(i))
+        assert finished == [1, 2, 3, 4] and len(generated_at) == 4
+        first_judged, second_generated = judged_until[0], generated_at[1]
+        assert (first_judged > second_generated) is overlap
     (rows_o, t_o), (rows_s, t_s) = runs[True], runs[False]
     strip = [{k: v for k, v in r.items() if k != "duration_s"} for r in rows_o]
     assert strip == [{k: v for k, v in r.items() if k != "duration_s"} for r in rows_s]
@@ -182,8 +208,9 @@ def test_a_sample_that_kills_its_own_server_does_not_stop_the_batch(policy, pool
     kill = "    import os, signal\n    os.kill(os.getppid(), signal.SIGKILL)\n"
     answers = {q.prompt: [kill + (q.reference_solution or ""), q.reference_solution or ""] * 2 for q in PROBLEMS}
     before = pool.restarts
-    rows, timings = collect_rollouts(ScriptedEngine(policy, answers), PROBLEMS, 4, RolloutParams(max_new_tokens=64),
-                                     pool, seed=0, batch_problems=2)
+    engine, params = ScriptedEngine(policy, answers), RolloutParams(max_new_tokens=64)
+    rows, timings = collect_rollouts(engine, env_for(None, engine, pool, params.max_new_tokens), PROBLEMS, 4, params,
+                                     seed=0, batch_problems=2)
     assert len(rows) == 16 and timings.batches == 2
     assert [r["reward"] for r in rows if r["sample"] % 2] == [1.0] * 8
     assert pool.restarts >= before + 8
@@ -197,5 +224,6 @@ def test_a_sandbox_that_cannot_start_fails_the_collection_closed(policy):
         for role in ("candidate", "judge"):
             pool._all[0].drop(role)
         with pytest.raises(SandboxUnavailable):
-            collect_rollouts(ScriptedEngine(policy, answers), PROBLEMS, 1, RolloutParams(max_new_tokens=32), pool,
+            engine = ScriptedEngine(policy, answers)
+            collect_rollouts(engine, env_for(None, engine, pool, 32), PROBLEMS, 1, RolloutParams(max_new_tokens=32),
                              seed=0, batch_problems=2)

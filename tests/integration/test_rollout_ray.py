@@ -13,6 +13,7 @@ import pytest
 
 from codemill.problems.synthetic import synthetic_problems
 from codemill.rl.engines import HFEngine, RolloutParams
+from codemill.rl.envs import env_for
 from codemill.rl.rollout import collect_rollouts
 from codemill.sandbox import Limits
 from codemill.sandbox.judge_pool import JudgePool
@@ -43,7 +44,9 @@ def policies(tmp_path_factory) -> tuple[Path, Path]:
 
 def _local(policy: Path, seed: int) -> list[dict]:
     with JudgePool(LIMITS, workers=1) as pool:
-        rows, _ = collect_rollouts(HFEngine(policy), _problems(), 2, PARAMS, pool, seed=seed, batch_problems=2)
+        engine = HFEngine(policy)
+        rows, _ = collect_rollouts(engine, env_for(None, engine, pool, PARAMS.max_new_tokens), _problems(), 2, PARAMS,
+                                   seed=seed, batch_problems=2)
     return rows
 
 

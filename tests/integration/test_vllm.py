@@ -157,7 +157,7 @@ def test_a_grpo_flow_samples_with_vllm(tmp_path, vllm_python):
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-6000:]
     out = json.loads(proc.stdout[proc.stdout.index("\n{\n"):])  # after vLLM's log lines (some hold a dict)
-    from codemill.rl.rollout import read_rollouts
+    from codemill.rl.trajectory import read_rollouts
     from codemill.store import ArtifactStore
 
     store = ArtifactStore(str(tmp_path / "store"))

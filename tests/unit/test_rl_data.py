@@ -39,8 +39,15 @@ def test_more_per_iteration_than_problems_takes_each_once() -> None:
         iteration_problems([], 4, seed=0, iteration=0)
 
 
-def _row(pid: str, completion: list[int], outcome: str) -> dict:
-    return {"problem_id": pid, "prompt_ids": [1, 2], "completion_ids": completion, "outcome": outcome}
+def _row(pid: str, completion: list[int], outcome: str, mask: list[int] | None = None) -> dict:
+    return {"problem_id": pid, "prompt_ids": [1, 2], "completion_ids": completion, "outcome": outcome,
+            "loss_mask": [1] * len(completion) if mask is None else mask}
+
+
+def test_passing_documents_refuse_episodes_with_environment_tokens() -> None:
+    """A multi-turn episode's feedback tokens would be trained on as if the policy wrote them."""
+    with pytest.raises(ValueError, match="environment tokens"):
+        passing_documents([_row("a", [5, 6, 7], "passed", mask=[1, 0, 1])], {0})
 
 
 def test_passing_documents_are_the_sampled_ids_of_distinct_passing_completions() -> None:

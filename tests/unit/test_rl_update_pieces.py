@@ -13,14 +13,15 @@ from codemill.rl.update import SUMMARY, RLUpdateSpec, SampleOrder, fingerprint, 
 
 
 def _table(rewards: list[list[float]], truncated: set[tuple[int, int]] = frozenset()) -> dict[str, list]:
-    t: dict[str, list] = {k: [] for k in ["group", "sample", "prompt_ids", "completion_ids", "logprobs",
-                                          "finish_reason", "reward"]}
+    t: dict[str, list] = {k: [] for k in ["group", "sample", "prompt_ids", "completion_ids", "loss_mask",
+                                          "logprobs", "finish_reason", "reward"]}
     for g, rs in enumerate(rewards):
         for s, r in enumerate(rs):
             t["group"].append(g)
             t["sample"].append(s)
             t["prompt_ids"].append([1, 2])
             t["completion_ids"].append([3] * (s + 1))
+            t["loss_mask"].append([1] * (s + 1))
             t["logprobs"].append([-1.0] * (s + 1))
             t["finish_reason"].append("length" if (g, s) in truncated else "stop")
             t["reward"].append(r)
@@ -52,6 +53,21 @@ def test_plan_names_a_row_whose_logprobs_do_not_match():
     table["logprobs"][1] = [-1.0]
     with pytest.raises(ValueError, match="row 1 .*2 completion tokens but 1 log-probs"):
         plan_update(table, GRPOConfig())
+
+
+def test_plan_counts_only_sampled_tokens_and_drops_episodes_cut_on_a_limit():
+    """Observation tokens (mask 0) are context, not loss tokens; an episode cut on a limit trains like a truncated
+    completion (not at all, by default), and one with no sampled token has nothing to train."""
+    table = _table([[1, 0, 1, 0]])
+    table["completion_ids"][1] = [3, 4, 4, 3]
+    table["logprobs"][1] = [-1.0, 0.0, 0.0, -1.0]
+    table["loss_mask"][1] = [1, 0, 0, 1]
+    table["finish_reason"][2] = "max_tokens"
+    table["loss_mask"][3] = [0, 0, 0, 0]
+    plan = plan_update(table, GRPOConfig())
+    assert [s.loss_tokens for s in plan.samples] == [1, 2]
+    assert plan.stats["samples_truncated"] == 1
+    assert plan.max_new_tokens == 3  # the most sampled tokens (row 2's, though cut), not the longest row
 
 
 def test_sample_order_covers_each_epoch_once_and_deals_every_rank():

@@ -16,7 +16,7 @@ from codemill.rl.engines import (
     sample_from,
     teacher_forced_logprobs,
 )
-from codemill.rl.rollout import ROLLOUT_SCHEMA, RolloutsSchemaError, read_rollouts, write_rollouts
+from codemill.rl.trajectory import ROLLOUT_SCHEMA, RolloutsSchemaError, read_rollouts, write_rollouts
 from tests.tiny_policy import make_policy
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -175,13 +175,18 @@ def test_bad_params_are_refused():
 
 def _row(group: int, sample: int, **kw):
     row = {"problem_id": f"p{group}", "group": group, "sample": sample, "prompt": "def f():\n", "completion": "  x",
-           "prompt_ids": [1, 2], "completion_ids": [3, 4], "logprobs": [-0.5, -1.25], "finish_reason": "stop",
-           "reward": 1.0, "partial": 1.0, "outcome": "passed", "duration_s": 0.01, "suspicious": ""}
+           "prompt_ids": [1, 2], "completion_ids": [3, 4], "loss_mask": [1, 1], "logprobs": [-0.5, -1.25],
+           "turn_starts": [0], "turns": 1, "finish_reason": "stop", "reward": 1.0, "turn_rewards": [1.0],
+           "partial": 1.0, "outcome": "passed", "duration_s": 0.01, "suspicious": ""}
     return {**row, **kw}
 
 
 def test_rollouts_table_round_trips_with_the_exact_schema(tmp_path):
-    rows = [_row(0, 0), _row(0, 1, reward=0.0, partial=0.5, outcome="failed"), _row(1, 0, finish_reason="length")]
+    two_turns = {"completion_ids": [3, 4, 9, 9, 5], "loss_mask": [1, 1, 0, 0, 1],
+                 "logprobs": [-0.5, -1.0, 0.0, 0.0, -2.0], "turn_starts": [0, 4], "turns": 2,
+                 "turn_rewards": [0.0, 1.0], "finish_reason": "max_tokens"}
+    rows = [_row(0, 0), _row(0, 1, reward=0.0, partial=0.5, outcome="failed"), _row(1, 0, finish_reason="length"),
+            _row(1, 1, **two_turns)]
     path = write_rollouts(rows, tmp_path)
     assert path == tmp_path / "rollouts.parquet"
     table = read_rollouts(path)
@@ -192,16 +197,24 @@ def test_rollouts_table_round_trips_with_the_exact_schema(tmp_path):
 
 def test_rollouts_reader_says_what_is_wrong(tmp_path):
     good = pa.Table.from_pylist([_row(0, 0), _row(0, 1)], schema=ROLLOUT_SCHEMA)
-    cases = {
-        "missing columns \\['reward'\\]": good.drop_columns(["reward"]),
-        "column 'group' is int64, expected int32": good.set_column(1, "group", pa.array([0, 0], pa.int64())),
-        "unexpected columns \\['extra'\\]": good.append_column("extra", pa.array([1, 2])),
-        "not sorted": pa.Table.from_pylist([_row(0, 1), _row(0, 0)], schema=ROLLOUT_SCHEMA),
-        "different number of log-probs": pa.Table.from_pylist([_row(0, 0, logprobs=[-1.0])], schema=ROLLOUT_SCHEMA),
-        "unknown finish_reason": pa.Table.from_pylist([_row(0, 0, finish_reason="eos_token")],
-                                                      schema=ROLLOUT_SCHEMA),
-    }
-    for i, (message, table) in enumerate(cases.items()):
+    def bad(**kw) -> pa.Table:
+        return pa.Table.from_pylist([_row(0, 0, **kw)], schema=ROLLOUT_SCHEMA)
+
+    per_token = "one log-prob and one loss-mask value per completion token"
+    turns = "do not describe their sampled turns"
+    cases = [
+        ("missing columns \\['reward'\\]", good.drop_columns(["reward"])),
+        ("column 'group' is int64, expected int32", good.set_column(1, "group", pa.array([0, 0], pa.int64()))),
+        ("unexpected columns \\['extra'\\]", good.append_column("extra", pa.array([1, 2]))),
+        ("not sorted", pa.Table.from_pylist([_row(0, 1), _row(0, 0)], schema=ROLLOUT_SCHEMA)),
+        (per_token, bad(logprobs=[-1.0])),
+        (per_token, bad(loss_mask=[1])),
+        (turns, bad(loss_mask=[0, 1])),  # a turn that starts on an observed token
+        (turns, bad(turns=2)),
+        (turns, bad(turn_rewards=[])),
+        ("unknown finish_reason", bad(finish_reason="eos_token")),
+    ]
+    for i, (message, table) in enumerate(cases):
         path = tmp_path / f"bad{i}.parquet"
         pq.write_table(table, path)
         with pytest.raises(RolloutsSchemaError, match=message):

@@ -1,0 +1,55 @@
+"""``code_exec``: one HumanEval-format problem, one completion, the sandboxed judge's verdict.
+
+The first observation is the problem's prompt, encoded as the engines encode text prompts (``encode_prompt``: no
+special tokens, left-truncated to leave the turn's new tokens). The one step judges the completion's text in the
+judge pool (``codemill.sandbox.rewards.score``; a sample the host got no verdict for is judged again) and ends the
+episode: reward 1 when every test passes (``binary``), or the fraction of separate test cases passed
+(``partial``, ``rl.rollout.reward``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, ClassVar
+
+from codemill.config import CodeExecConfig
+from codemill.problems.problem import ExecProblem
+from codemill.rl.env import EnvContext, Episode, EpisodeLimits, Reset, StepInfo, StepResult
+
+if TYPE_CHECKING:
+    from codemill.rl.engines import Completion
+
+
+def prompt_observation(ctx: EnvContext, task: ExecProblem) -> list[int]:
+    from codemill.rl.engines import encode_prompt
+
+    return encode_prompt(ctx.tokenizer, task.prompt, ctx.max_context, ctx.max_new_tokens)
+
+
+def verdicts(ctx: EnvContext, tasks: Sequence[ExecProblem], texts: Sequence[str]) -> list[StepInfo]:
+    """The judge pool's verdicts on ``texts`` as completions of ``tasks``, in order."""
+    from codemill.rl.rollout import judge_counted
+
+    rewards, rejudged = judge_counted(tasks, texts, ctx.pool, ctx.reward_retries)
+    return [StepInfo(r.outcome, r.passed, r.partial, r.suspicious, r.error, r.duration_s, n)
+            for r, n in zip(rewards, rejudged, strict=True)]
+
+
+def reward_of(ctx: EnvContext, info: StepInfo) -> float:
+    return info.partial if ctx.reward == "partial" else float(info.passed)
+
+
+class CodeExecEnv:
+    kind: ClassVar[str] = "code_exec"
+
+    def __init__(self, config: CodeExecConfig, ctx: EnvContext) -> None:
+        self.config, self.ctx = config, ctx
+        self.limits = EpisodeLimits(max_turns=1)
+
+    def reset(self, task: ExecProblem, seed: int) -> Reset:
+        return Reset(prompt_observation(self.ctx, task))
+
+    def step(self, episodes: Sequence[Episode], actions: Sequence[Completion],
+             last: Sequence[bool]) -> list[StepResult]:
+        infos = verdicts(self.ctx, [e.task for e in episodes], [a.text for a in actions])
+        return [StepResult([], reward_of(self.ctx, i), True, i) for i in infos]

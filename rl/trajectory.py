@@ -1,0 +1,145 @@
+"""The rollouts table: one row per sample, the episode's tokens exactly as sampled and observed
+(``docs/rl.md#rollouts-table``).
+
+``prompt_ids`` is the first observation; ``completion_ids`` every token after it, in order: the policy's sampled
+turns (``loss_mask`` 1, with their sampling log-probs) and the environment's observations between them
+(``loss_mask`` 0, log-prob 0.0). ``turn_starts`` holds the offset in ``completion_ids`` of each turn's first
+sampled token, ``turn_rewards`` each turn's reward (``reward`` is their sum, or 0 for an episode cut on a
+limit). A single-turn episode is one sampled turn with every mask 1: the table of a one-step environment is the
+single-turn table with ``turns`` 1. ``completion`` is the text of the last turn (the solution that was graded);
+``outcome``, ``partial`` and ``suspicious`` are the last step's. ``duration_s`` is the episode's sandbox time.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from codemill.rl.engines import FINISH_REASONS
+from codemill.rl.env import CUT_REASONS, Episode
+
+ROLLOUTS_FILE = "rollouts.parquet"
+EPISODE_FINISH_REASONS = FINISH_REASONS + CUT_REASONS
+TRUNCATED_REASONS = ("length", *CUT_REASONS)  # the episode did not end on its own: no loss by default
+
+ROLLOUT_SCHEMA = pa.schema([
+    ("problem_id", pa.string()),
+    ("group", pa.int32()),
+    ("sample", pa.int32()),
+    ("prompt", pa.string()),
+    ("completion", pa.string()),
+    ("prompt_ids", pa.list_(pa.int32())),
+    ("completion_ids", pa.list_(pa.int32())),
+    ("loss_mask", pa.list_(pa.int8())),
+    ("logprobs", pa.list_(pa.float32())),
+    ("turn_starts", pa.list_(pa.int32())),
+    ("turns", pa.int32()),
+    ("finish_reason", pa.string()),
+    ("reward", pa.float64()),
+    ("turn_rewards", pa.list_(pa.float64())),
+    ("partial", pa.float64()),
+    ("outcome", pa.string()),
+    ("duration_s", pa.float64()),
+    ("suspicious", pa.string()),
+])
+
+
+def trajectory_row(ep: Episode) -> dict[str, Any]:
+    """A finished episode as a rollouts row."""
+    if not ep.done or ep.last_action is None:
+        raise ValueError(f"episode {ep.group}/{ep.sample} of {ep.task.problem_id} has not finished")
+    info = ep.info
+    return {"problem_id": ep.task.problem_id, "group": ep.group, "sample": ep.sample, "prompt": ep.task.prompt,
+            "completion": ep.last_action.text, "prompt_ids": ep.prompt_ids, "completion_ids": ep.tokens,
+            "loss_mask": ep.loss_mask, "logprobs": ep.logprobs, "turn_starts": ep.turn_starts, "turns": ep.turns,
+            "finish_reason": ep.finish_reason, "reward": ep.reward, "turn_rewards": ep.turn_rewards,
+            "partial": info.partial if info else 0.0, "outcome": info.outcome if info else ep.finish_reason,
+            "duration_s": ep.sandbox_s, "suspicious": (info.suspicious if info else None) or ""}
+
+
+class RolloutsSchemaError(ValueError):
+    """A rollouts table that is not the contract's; the message lists every problem found."""
+
+
+def rollouts_table(rows: Sequence[dict[str, Any]]) -> pa.Table:
+    """Rows as a table with the exact schema (columns in order, types as the contract names them)."""
+    table = pa.Table.from_pylist(list(rows), schema=ROLLOUT_SCHEMA)
+    problems = _check(table)
+    if problems:
+        raise RolloutsSchemaError("rollouts rows: " + "; ".join(problems))
+    return table
+
+
+def write_rollouts(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
+    """Write ``rollouts.parquet`` (checked first; written to a temporary name and renamed, so a reader never sees
+    half a file). ``path`` is the file, or a folder to write ``rollouts.parquet`` into."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / ROLLOUTS_FILE
+    table = rollouts_table(rows)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    pq.write_table(table, tmp)
+    os.replace(tmp, path)
+    return path
+
+
+def read_rollouts(path: str | Path) -> pa.Table:
+    """A rollouts file, validated: the exact columns and types, sorted (group, sample), one log-prob and one mask
+    value per token, turns that start on sampled tokens, known finish reasons. Raises ``RolloutsSchemaError``
+    naming everything that is wrong."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / ROLLOUTS_FILE
+    table = pq.read_table(path)
+    problems = _check(table)
+    if problems:
+        raise RolloutsSchemaError(f"{path}: " + "; ".join(problems))
+    return table
+
+
+def _check(table: pa.Table) -> list[str]:
+    problems = []
+    want = {f.name: f.type for f in ROLLOUT_SCHEMA}
+    have = {f.name: f.type for f in table.schema}
+    missing = [n for n in want if n not in have]
+    extra = [n for n in have if n not in want]
+    if missing:
+        problems.append(f"missing columns {missing}")
+    if extra:
+        problems.append(f"unexpected columns {extra}")
+    problems += [f"column {n!r} is {have[n]}, expected {t}" for n, t in want.items() if n in have and have[n] != t]
+    if problems:
+        return problems
+    if table.schema.names != ROLLOUT_SCHEMA.names:
+        problems.append(f"columns out of order: {table.schema.names}")
+    nulls = [n for n in want if table.column(n).null_count]
+    if nulls:
+        problems.append(f"null values in {nulls}")
+        return problems
+    cols = table.select(["group", "sample", "completion_ids", "loss_mask", "logprobs", "turn_starts", "turns",
+                         "turn_rewards", "finish_reason"]).to_pydict()
+    keys = list(zip(cols["group"], cols["sample"], strict=True))
+    if any(b <= a for a, b in zip(keys, keys[1:], strict=False)):
+        problems.append("rows are not sorted by (group, sample) without duplicates")
+    bad_len = [i for i, (ids, lps, mask) in enumerate(zip(cols["completion_ids"], cols["logprobs"], cols["loss_mask"],
+                                                          strict=True)) if not len(ids) == len(lps) == len(mask)]
+    if bad_len:
+        problems.append(f"rows {bad_len[:5]} do not have one log-prob and one loss-mask value per completion token")
+    bad_turns = [i for i, (starts, turns, rewards, mask) in enumerate(zip(
+        cols["turn_starts"], cols["turns"], cols["turn_rewards"], cols["loss_mask"], strict=True))
+        if len(starts) != turns or turns < 1 or not 1 <= len(rewards) <= turns
+        or any(s >= len(mask) or mask[s] != 1 for s in starts if len(mask))
+        or any(b <= a for a, b in zip(starts, starts[1:], strict=False))]
+    if bad_turns:
+        problems.append(f"rows {bad_turns[:5]} have turn_starts/turns/turn_rewards that do not describe their "
+                        "sampled turns")
+    reasons = sorted({r for r in cols["finish_reason"] if r not in EPISODE_FINISH_REASONS}, key=str)
+    if reasons:
+        problems.append(f"unknown finish_reason values {reasons[:5]} (expected one of "
+                        f"{list(EPISODE_FINISH_REASONS)})")
+    return problems
