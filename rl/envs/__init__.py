@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from codemill.config import CodeExecConfig
 from codemill.rl.env import EnvContext, Environment
 from codemill.rl.envs.code_exec import CodeExecEnv
+from codemill.rl.envs.code_feedback import CodeFeedbackEnv
 
 if TYPE_CHECKING:
     from codemill.rl.engines import RolloutEngine
@@ -18,6 +19,7 @@ if TYPE_CHECKING:
 
 ENVIRONMENTS: dict[str, Any] = {
     CodeExecEnv.kind: CodeExecEnv,
+    CodeFeedbackEnv.kind: CodeFeedbackEnv,
 }
 
 
