@@ -172,6 +172,42 @@ def test_rejection_sampling_fine_tunes_on_the_passing_samples(rl_root: Path) -> 
     _assert_heldout_comparison(out)
 
 
+def test_grpo_runs_on_the_multi_turn_feedback_environment(rl_root: Path) -> None:
+    """GRPO end to end on ``code_feedback``: episodes of up to 3 turns whose feedback tokens are in the rollouts
+    under loss mask 0, updates that train on the sampled tokens, and the same lineage as single-turn RL."""
+    from codemill.config import PipelineConfig
+    from codemill.flows.rl import rl
+    from codemill.rl.trajectory import read_rollouts
+
+    settings = {**SETTINGS, "iterations": 2, "heldout_samples": 2, "warm_start": {"max_steps": 0},
+                "env": {"kind": "code_feedback", "max_turns": 3, "visible_cases": 2},
+                "rollout": {**SETTINGS["rollout"], "problems_per_iteration": 16, "samples_per_problem": 4}}
+    cfg = rl_config(rl_root, **settings)
+    path = rl_root / "feedback.yaml"
+    path.write_text(cfg.model_dump_json())
+    out = rl(config=PipelineConfig.model_validate_json(path.read_text()), model=str(rl_root / "start" / "hf"))
+    for row in out["iterations"]:
+        print({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()})
+    stages, st = out["stages"], ArtifactStore(str(rl_root / "store"))
+    for i, row in enumerate(out["iterations"]):
+        assert 1 < row["turns_mean"] <= 3 and 0 < row["observed_token_frac"] < 1, row
+        ref = stages[f"rollouts:{i}"]["ref"]
+        rows = read_rollouts(st.local_path(st.ref("rollouts", ref["name"], ref["digest"])) / "rollouts.parquet")
+        table = rows.to_pylist()
+        multi = [r for r in table if r["turns"] > 1]
+        assert multi and all(0 in r["loss_mask"] for r in multi)
+        assert all(r["turns"] == 1 or r["turn_rewards"][0] == 0.0 for r in table)  # a revised episode failed first
+        update = stages[f"update:{i}"]["summary"]
+        assert update["algorithm"] == "grpo" and update["update"]["steps"] > 0, update
+        assert update["update"]["tokens"] > 0
+    lineage = subprocess.run([str(CODEMILL), "lineage", out["model_id"], "--config", str(path), "--json"], cwd=ROOT,
+                             capture_output=True, text=True, timeout=300)
+    assert lineage.returncode == 0, lineage.stderr[-3000:]
+    for expected in ("rollouts:it001", "policy:grpo-it000", "rollouts:it000", "problems:problems",
+                     "synthetic seed=0 count=300"):
+        assert expected in lineage.stdout, expected
+
+
 def test_a_malformed_problems_file_stops_the_run_naming_the_line(tmp_path: Path) -> None:
     from tests.tiny_policy import make_policy
 

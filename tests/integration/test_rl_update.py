@@ -14,7 +14,6 @@ import subprocess
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
@@ -23,6 +22,7 @@ from safetensors.torch import load_file
 from codemill.config import GRPOConfig, ModelConfig
 from codemill.models.checkpoint import committed_steps
 from codemill.models.launch import torchrun_command
+from codemill.rl.trajectory import write_rollouts
 from codemill.rl.update import SUMMARY, RLUpdateSpec, update
 
 pytestmark = pytest.mark.integration
@@ -75,9 +75,7 @@ def _write_rollouts(policy: Path, path: Path, rewards: list[list[float]], temper
     tok = AutoTokenizer.from_pretrained(str(policy))
     model = AutoModelForCausalLM.from_pretrained(str(policy)).eval()
     rng = np.random.default_rng(0)
-    rows: dict[str, list] = {k: [] for k in ["problem_id", "group", "sample", "prompt", "completion", "prompt_ids",
-                                             "completion_ids", "logprobs", "finish_reason", "reward", "partial",
-                                             "outcome", "duration_s", "suspicious"]}
+    rows: list[dict] = []
     for g, group_rewards in enumerate(rewards):
         prompt = TEXTS[g % 4].split("\n")[0] + "\n"
         prompt_ids = tok(prompt, add_special_tokens=False)["input_ids"]
@@ -85,28 +83,13 @@ def _write_rollouts(policy: Path, path: Path, rewards: list[list[float]], temper
             truncated = g == 0 and s == len(group_rewards) - 1
             n = MAX_NEW if truncated else int(rng.integers(2, MAX_NEW))
             completion = rng.integers(5, len(tok), size=n).tolist()
-            rows["problem_id"].append(f"p{g}")
-            rows["group"].append(g)
-            rows["sample"].append(s)
-            rows["prompt"].append(prompt)
-            rows["completion"].append(tok.decode(completion))
-            rows["prompt_ids"].append(prompt_ids)
-            rows["completion_ids"].append(completion)
-            rows["logprobs"].append(_logprobs(model, prompt_ids, completion, temperature))
-            rows["finish_reason"].append("length" if truncated else "stop")
-            rows["reward"].append(r)
-            rows["partial"].append(r)
-            rows["outcome"].append("passed" if r >= 1 else "failed")
-            rows["duration_s"].append(0.01)
-            rows["suspicious"].append("")
-    schema = pa.schema([("problem_id", pa.string()), ("group", pa.int32()), ("sample", pa.int32()),
-                        ("prompt", pa.string()), ("completion", pa.string()),
-                        ("prompt_ids", pa.list_(pa.int32())), ("completion_ids", pa.list_(pa.int32())),
-                        ("logprobs", pa.list_(pa.float32())), ("finish_reason", pa.string()),
-                        ("reward", pa.float64()), ("partial", pa.float64()), ("outcome", pa.string()),
-                        ("duration_s", pa.float64()), ("suspicious", pa.string())])
-    pq.write_table(pa.table(rows, schema=schema), path)
-    return path
+            rows.append({"problem_id": f"p{g}", "group": g, "sample": s, "prompt": prompt,
+                         "completion": tok.decode(completion), "prompt_ids": prompt_ids, "completion_ids": completion,
+                         "loss_mask": [1] * n, "logprobs": _logprobs(model, prompt_ids, completion, temperature),
+                         "turn_starts": [0], "turns": 1, "finish_reason": "length" if truncated else "stop",
+                         "reward": r, "turn_rewards": [r], "partial": r, "outcome": "passed" if r >= 1 else "failed",
+                         "duration_s": 0.01, "suspicious": ""})
+    return write_rollouts(rows, path)
 
 
 # groups 0-2 and 4 mixed (group 0's truncated sample masked), group 3 all pass and group 5 all fail (dropped)
