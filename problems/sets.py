@@ -465,3 +465,25 @@ def read_problem_set(path: Path, split: str | None = None) -> list[ExecProblem]:
                         tests=r["tests"], test_cases=list(r["test_cases"] or []),
                         reference_solution=r["reference_solution"], source=r["source"], split_unit=r["split_unit"])
             for r in df.iter_rows(named=True)]
+
+
+def build_in_sandbox(cfg: ProblemsConfig, out_dir: Path, corpus: CorpusRows | None = None,
+                     say: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """``build_problem_set`` with the judge pool its verification needs (``cfg``'s sandbox limits) and, with
+    ``cfg.augment``, the augmentation's sandboxes; the stats name the sandbox's isolation."""
+    import contextlib
+
+    from codemill.sandbox import Limits
+    from codemill.sandbox.judge_pool import JudgePool
+
+    limits = Limits(wall_s=cfg.wall_s, cpu_s=cfg.cpu_s, memory_bytes=cfg.memory_mb << 20)
+    with contextlib.ExitStack() as stack:
+        pool = stack.enter_context(JudgePool(limits, workers=cfg.workers))
+        augment = None
+        if cfg.augment is not None:
+            from codemill.problems.plus.augment import augmenter
+
+            augment = stack.enter_context(augmenter(cfg.augment))
+        stats = build_problem_set(cfg, out_dir, pool.judge_all, corpus, say=say, augment=augment)
+    stats["sandbox"] = pool.isolation
+    return stats

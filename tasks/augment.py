@@ -6,7 +6,6 @@ evaluate step's ``humaneval`` suite judges its completions against it (``humanev
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from prefect import get_run_logger
@@ -38,31 +37,6 @@ def plan_augment(cfg: AugmentConfig, problems_file: str | None = None) -> StageP
                      inputs={"humaneval": file_input("humaneval", problems_file or humaneval_file())})
 
 
-def augmenter(cfg: AugmentConfig) -> Callable[..., Any]:
-    """``with augmenter(cfg)() as run: problems, counts = run(problems, say)``: the sandboxes augmentation needs
-    (a batch runner for the reference and its mutants, a judge for the reference, a judge with short limits for
-    mutants), opened together and closed together."""
-    import contextlib
-
-    from codemill.problems.plus.augment import augment_problems
-    from codemill.problems.plus.runner import BatchRunner
-    from codemill.sandbox import Limits
-    from codemill.sandbox.judge_pool import JudgePool
-
-    @contextlib.contextmanager
-    def opened() -> Any:
-        limits = Limits(wall_s=cfg.wall_s, cpu_s=cfg.cpu_s, memory_bytes=cfg.memory_mb << 20)
-        mutant_cpu = max(1, int(cfg.mutant_wall_s))
-        mutant_limits = Limits(wall_s=cfg.mutant_wall_s, cpu_s=mutant_cpu, memory_bytes=cfg.memory_mb << 20)
-        with (BatchRunner(limits, workers=cfg.workers) as runner, JudgePool(limits, workers=cfg.workers) as judge,
-              JudgePool(mutant_limits, workers=cfg.workers) as mutant_judge):
-            def run(problems: list[Any], say: Callable[[str], None]) -> Any:
-                return augment_problems(problems, cfg, runner, judge.judge_all, mutant_judge.judge_all, say)
-            run.isolation = judge.isolation  # type: ignore[attr-defined]
-            yield run
-    return opened
-
-
 def _summary(m: Manifest) -> dict[str, Any]:
     return {k: m.stats[k] for k in ("problems", "augmented", "reference_passes", "totals")}
 
@@ -84,12 +58,13 @@ def _record(plan: StagePlan):
 def augment_task(plan: StagePlan, ctx: RunContext, cfg: AugmentConfig) -> StageResult:
     from codemill.evals.humaneval import load_problems
     from codemill.problems.plus.artifact import write_augmented
+    from codemill.problems.plus.augment import augmenter
 
     logger = get_run_logger()
 
     def produce(w: ArtifactWriter, run_id: str) -> Manifest:
         problems = list(load_problems(plan.input("humaneval").uri).values())[:cfg.max_problems]
-        with augmenter(cfg)() as run:
+        with augmenter(cfg) as run:
             out, counts = run(problems, lambda msg: progress.sink().stage(STAGE, msg))
             isolation = run.isolation
         stats = write_augmented(w.dir, out, counts)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any
 
 from prefect import get_run_logger, task
@@ -14,12 +13,10 @@ from codemill.lineage import Lineage
 from codemill.plan import StagePlan, external_input
 from codemill.problems.sets import (
     PROBLEMS_CODE_VERSION,
-    build_problem_set,
     corpus_files,
     fingerprint_problem_sources,
 )
 from codemill.store import ArtifactRef, ArtifactWriter, Manifest
-from codemill.tasks.augment import augmenter
 from codemill.tasks.common import RunContext, StageResult, run_stage, stage_task
 
 STAGE = "problems"
@@ -81,8 +78,7 @@ def _record(plan: StagePlan, sources: list[dict]):
 
 @stage_task("problems")
 def problems_task(plan: StagePlan, ctx: RunContext, cfg: ProblemsConfig, sources: list[dict]) -> StageResult:
-    from codemill.sandbox import Limits
-    from codemill.sandbox.judge_pool import JudgePool
+    from codemill.problems.sets import build_in_sandbox
 
     logger = get_run_logger()
     store = ctx.store()
@@ -92,14 +88,8 @@ def problems_task(plan: StagePlan, ctx: RunContext, cfg: ProblemsConfig, sources
         if "corpus" in plan.inputs:
             corpus_dir = store.local_path(plan.input("corpus"))
             corpus = lambda: corpus_files(corpus_dir)  # noqa: E731
-        limits = Limits(wall_s=cfg.wall_s, cpu_s=cfg.cpu_s, memory_bytes=cfg.memory_mb << 20)
-        with contextlib.ExitStack() as stack:
-            pool = stack.enter_context(JudgePool(limits, workers=cfg.workers))
-            augment = stack.enter_context(augmenter(cfg.augment)()) if cfg.augment is not None else None
-            stats = build_problem_set(cfg, w.dir, pool.judge_all, corpus,
-                                      say=lambda msg: progress.sink().stage(STAGE, msg), augment=augment)
+        stats = build_in_sandbox(cfg, w.dir, corpus, say=lambda msg: progress.sink().stage(STAGE, msg))
         stats["source_fingerprints"] = sources
-        stats["sandbox"] = pool.isolation
         logger.info("problems: kept %d (train %d, val %d); counts %s", stats["problems"], stats["splits"]["train"],
                     stats["splits"]["val"], stats["totals"])
         return w.finish(stats)

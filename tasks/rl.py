@@ -10,13 +10,9 @@ first artifact missing from the store, with the same problems and seeds it would
 
 from __future__ import annotations
 
-import atexit
 import json
 import shutil
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -120,102 +116,10 @@ def _device(cfg: RLConfig) -> str:
     return "cuda" if on_cuda(cfg.grpo.device) else "cpu"
 
 
-def sample_and_judge(cfg: RLConfig, problems: list, policy_hf: str, seed: int, k: int, ray_address: str | None,
-                     say) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """k judged samples per problem (rows sorted by group, sample) and the timings (with ``engine``: what sampled
-    them), in this process (the engine ``rl.rollout.engine`` names) or on Ray (HFEngine workers)."""
-    from codemill.rl.engines import RolloutParams
-    from codemill.sandbox import Limits
-
-    r = cfg.rollout
-    params = RolloutParams(temperature=r.temperature, top_p=r.top_p, max_new_tokens=r.max_new_tokens,
-                           stop=tuple(r.stop))
-    limits = Limits(wall_s=r.wall_s, cpu_s=r.cpu_s, memory_bytes=r.memory_mb << 20)
-    if ray_address:
-        from codemill.rl.rollout_ray import collect_rollouts_ray
-
-        if r.engine != "hf":
-            raise ValueError(f"rl.rollout.engine {r.engine!r} does not run on Ray (its workers use HFEngine)")
-        rows, timings = collect_rollouts_ray(ray_address, policy_hf, problems, k, params, limits, seed,
-                                             batch_problems=r.batch_problems, overlap=r.overlap,
-                                             max_context=r.context_len, device=_device(cfg), workers=r.workers,
-                                             env_config=cfg.env, reward=r.reward)
-        return rows, {**timings.as_dict(), "weight_sync_s": 0.0, "engine": "hf"}
-    from codemill.rl.engines import build_engine, engine_info
-    from codemill.rl.envs import env_for
-    from codemill.rl.rollout import collect_rollouts
-    from codemill.sandbox.judge_pool import JudgePool
-
-    with _LIVE_LOCK:  # one rollouts task at a time on the process's live vLLM engine
-        t0 = time.monotonic()
-        engine = _live_vllm(r, policy_hf, _device(cfg)) if r.engine == "vllm" else build_engine(r, policy_hf,
-                                                                                                   _device(cfg))
-        weight_sync_s = time.monotonic() - t0
-        with JudgePool(limits, workers=r.workers) as pool, _cpu_threads_beside_judges(_device(cfg), r.overlap):
-            env = env_for(cfg.env, engine, pool, r.max_new_tokens, reward=r.reward)
-            rows, timings = collect_rollouts(engine, env, problems, k, params, seed,
-                                             batch_problems=r.batch_problems, overlap=r.overlap,
-                                             on_batch=lambda i, n: say(f"batch {i}/{n}"))
-    info = engine_info(engine)
-    return rows, {**timings.as_dict(), "weight_sync_s": weight_sync_s, "engine": info["engine"],
-                  "engine_version": info["version"]}
-
-
-_LIVE_LOCK = threading.Lock()
-_LIVE: dict[str, Any] = {}  # the process's vLLM engine: its settings' key and the engine
-_LIVE_EXIT: list[bool] = []  # close_live_vllm registered with atexit
-
-
-def _live_vllm(r: Any, policy_hf: str, device: str) -> Any:
-    """The vLLM engine of this process, started once and given each later policy's weights (``load_weights``:
-    no restart, the prefix cache reset), rather than one engine start per rollouts task; the weight sync is then
-    what ``weight_sync_s`` measures. Other settings start a fresh engine."""
-    from codemill.rl.engines import build_engine
-
-    key = json.dumps([r.vllm.model_dump(), r.context_len, device])
-    live = _LIVE.get("vllm")
-    if live is not None and live[0] == key:
-        engine = live[1]
-        if engine.policy_dir != policy_hf:
-            engine.load_weights(policy_hf)
-        return engine
-    close_live_vllm()
-    if not _LIVE_EXIT:  # registered after multiprocessing's exit handler, so it runs first (atexit is LIFO)
-        atexit.register(close_live_vllm)
-        _LIVE_EXIT.append(True)
-    engine = build_engine(r, policy_hf, device)
-    _LIVE["vllm"] = (key, engine)
-    return engine
-
-
-def close_live_vllm() -> None:
-    """Stop the process's live vLLM engine, if any (``VLLMEngine.close``): at the end of the ``rl`` flow and at
-    exit. Kept until exit, its EngineCore process would make the interpreter hang there."""
-    live = _LIVE.pop("vllm", None)
-    if live is not None:
-        live[1].close()
-
-
-@contextmanager
-def _cpu_threads_beside_judges(device: str, overlap: bool) -> Iterator[None]:
-    """Generation on CPU leaves one core to the sandboxes it overlaps with: torch's threads spin while they
-    wait, and spinning threads that share cores with the judges made sampling several times slower."""
-    import torch
-
-    from codemill.cpus import usable_cpus
-
-    before = torch.get_num_threads()
-    if device == "cpu" and overlap:
-        torch.set_num_threads(max(1, min(before, usable_cpus() - 1)))
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 @stage_task("rollouts")
 def rollouts_task(plan: StagePlan, ctx: RunContext, cfg: RLConfig, policy_hf: str,
                   ray_address: str | None = None) -> StageResult:
+    from codemill.rl.collect import collect_iteration
     from codemill.rl.data import iteration_problems
     from codemill.rl.metrics import rollout_metrics
     from codemill.rl.trajectory import write_rollouts
@@ -237,8 +141,8 @@ def rollouts_task(plan: StagePlan, ctx: RunContext, cfg: RLConfig, policy_hf: st
                                      plan.config["iteration"])
             chosen, k = [by_id[i] for i in ids], cfg.rollout.samples_per_problem
         seed = rollout_seed(cfg, split, plan.config.get("iteration"))
-        rows, timings = sample_and_judge(cfg, chosen, policy_hf, seed, k, ray_address,
-                                         lambda msg: progress.sink().stage(ROLLOUTS, f"{plan.name}: {msg}"))
+        rows, timings = collect_iteration(cfg, chosen, policy_hf, seed, k, device=_device(cfg), ray_address=ray_address,
+                                          say=lambda msg: progress.sink().stage(ROLLOUTS, f"{plan.name}: {msg}"))
         write_rollouts(rows, w.path(ROLLOUTS_FILE))
         stats = {**rollout_metrics(rows, k), "timings": timings, "samples_per_problem": k, "seed": seed,
                  "problem_ids": [p.problem_id for p in chosen]}

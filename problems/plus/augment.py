@@ -20,8 +20,9 @@ Every step runs batched over all problems, so the sandbox's workers stay busy.
 
 from __future__ import annotations
 
+import contextlib
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -297,3 +298,22 @@ def _augmented_kills(live: list[_Work], judge_mutants: Judge) -> None:
 
 def counts_rows(counts: Sequence[Counts]) -> list[dict[str, Any]]:
     return [{**asdict(c), "rejected": c.rejected} for c in counts]
+
+
+@contextlib.contextmanager
+def augmenter(cfg: AugmentConfig) -> Iterator[Any]:
+    """``with augmenter(cfg) as run: problems, counts = run(problems, say)``: the sandboxes augmentation needs (a
+    batch runner for the reference and its mutants, a judge for the reference, a judge with short limits for
+    mutants), opened together and closed together. ``run.isolation`` names the judge's isolation."""
+    from codemill.sandbox import Limits
+    from codemill.sandbox.judge_pool import JudgePool
+
+    limits = Limits(wall_s=cfg.wall_s, cpu_s=cfg.cpu_s, memory_bytes=cfg.memory_mb << 20)
+    mutant_cpu = max(1, int(cfg.mutant_wall_s))
+    mutant_limits = Limits(wall_s=cfg.mutant_wall_s, cpu_s=mutant_cpu, memory_bytes=cfg.memory_mb << 20)
+    with (BatchRunner(limits, workers=cfg.workers) as runner, JudgePool(limits, workers=cfg.workers) as judge,
+          JudgePool(mutant_limits, workers=cfg.workers) as mutant_judge):
+        def run(problems: list[ExecProblem], say: Callable[[str], None]) -> Any:
+            return augment_problems(problems, cfg, runner, judge.judge_all, mutant_judge.judge_all, say)
+        run.isolation = judge.isolation  # type: ignore[attr-defined]
+        yield run

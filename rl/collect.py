@@ -1,0 +1,115 @@
+"""One RL iteration's rollouts from its config: the engine ``rl.rollout.engine`` names (a vLLM engine lives
+across iterations in this process and gets each new policy's weights), the judge pool with the rollout's
+sandbox limits, the environment ``rl.env`` names, and the rollout loop; or the same on Ray workers.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from codemill.config import RLConfig, RolloutConfig
+from codemill.problems.problem import ExecProblem
+from codemill.rl.engines import RolloutParams, build_engine, engine_info
+from codemill.rl.envs import env_for
+from codemill.rl.rollout import collect_rollouts
+from codemill.sandbox import Limits
+from codemill.sandbox.judge_pool import JudgePool
+
+
+def rollout_params(r: RolloutConfig) -> RolloutParams:
+    return RolloutParams(temperature=r.temperature, top_p=r.top_p, max_new_tokens=r.max_new_tokens,
+                         stop=tuple(r.stop))
+
+
+def sandbox_limits(r: RolloutConfig) -> Limits:
+    return Limits(wall_s=r.wall_s, cpu_s=r.cpu_s, memory_bytes=r.memory_mb << 20)
+
+
+def collect_iteration(cfg: RLConfig, problems: Sequence[ExecProblem], policy_hf: str, seed: int, k: int, *,
+                      device: str = "cpu", ray_address: str | None = None,
+                      say: Callable[[str], None] = lambda msg: None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """k episodes per problem in ``cfg.env`` (rows sorted by group, sample) and the timings (with ``engine``: what
+    sampled them), in this process (the engine ``rl.rollout.engine`` names, the judge pool, the environment) or
+    on Ray (HFEngine workers, each with its own pool)."""
+    r = cfg.rollout
+    params, limits = rollout_params(r), sandbox_limits(r)
+    if ray_address:
+        from codemill.rl.rollout_ray import collect_rollouts_ray
+
+        if r.engine != "hf":
+            raise ValueError(f"rl.rollout.engine {r.engine!r} does not run on Ray (its workers use HFEngine)")
+        rows, timings = collect_rollouts_ray(ray_address, policy_hf, problems, k, params, limits, seed,
+                                             batch_problems=r.batch_problems, overlap=r.overlap,
+                                             max_context=r.context_len, device=device, workers=r.workers,
+                                             env_config=cfg.env, reward=r.reward)
+        return rows, {**timings.as_dict(), "weight_sync_s": 0.0, "engine": "hf"}
+    with _LIVE_LOCK:  # one rollouts task at a time on the process's live vLLM engine
+        t0 = time.monotonic()
+        engine = _live_vllm(r, policy_hf, device) if r.engine == "vllm" else build_engine(r, policy_hf, device)
+        weight_sync_s = time.monotonic() - t0
+        with JudgePool(limits, workers=r.workers) as pool, _cpu_threads_beside_judges(device, r.overlap):
+            env = env_for(cfg.env, engine, pool, r.max_new_tokens, reward=r.reward)
+            rows, timings = collect_rollouts(engine, env, problems, k, params, seed,
+                                             batch_problems=r.batch_problems, overlap=r.overlap,
+                                             on_batch=lambda i, n: say(f"batch {i}/{n}"))
+    info = engine_info(engine)
+    return rows, {**timings.as_dict(), "weight_sync_s": weight_sync_s, "engine": info["engine"],
+                  "engine_version": info["version"]}
+
+
+_LIVE_LOCK = threading.Lock()
+_LIVE: dict[str, Any] = {}  # the process's vLLM engine: its settings' key and the engine
+_LIVE_EXIT: list[bool] = []  # close_live_vllm registered with atexit
+
+
+def _live_vllm(r: Any, policy_hf: str, device: str) -> Any:
+    """The vLLM engine of this process, started once and given each later policy's weights (``load_weights``:
+    no restart, the prefix cache reset), rather than one engine start per rollouts task; the weight sync is then
+    what ``weight_sync_s`` measures. Other settings start a fresh engine."""
+    key = json.dumps([r.vllm.model_dump(), r.context_len, device])
+    live = _LIVE.get("vllm")
+    if live is not None and live[0] == key:
+        engine = live[1]
+        if engine.policy_dir != policy_hf:
+            engine.load_weights(policy_hf)
+        return engine
+    close_live_vllm()
+    if not _LIVE_EXIT:  # registered after multiprocessing's exit handler, so it runs first (atexit is LIFO)
+        atexit.register(close_live_vllm)
+        _LIVE_EXIT.append(True)
+    engine = build_engine(r, policy_hf, device)
+    _LIVE["vllm"] = (key, engine)
+    return engine
+
+
+def close_live_vllm() -> None:
+    """Stop the process's live vLLM engine, if any (``VLLMEngine.close``): at the end of the ``rl`` flow and at
+    exit. Kept until exit, its EngineCore process would make the interpreter hang there."""
+    live = _LIVE.pop("vllm", None)
+    if live is not None:
+        live[1].close()
+
+
+@contextmanager
+def _cpu_threads_beside_judges(device: str, overlap: bool) -> Iterator[None]:
+    """Generation on CPU leaves one core to the sandboxes it overlaps with: torch's threads spin while they
+    wait, and spinning threads that share cores with the judges made sampling several times slower."""
+    import torch
+
+    from codemill.cpus import usable_cpus
+
+    before = torch.get_num_threads()
+    if device == "cpu" and overlap:
+        torch.set_num_threads(max(1, min(before, usable_cpus() - 1)))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
