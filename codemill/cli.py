@@ -7,7 +7,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, NoReturn, cast, get_args
+from typing import Annotated, Any, NoReturn, cast, get_args
 
 import typer
 from rich.console import Console
@@ -303,13 +303,17 @@ def rl(config: ConfigOpt = None, preset: PresetOpt = None, store: StoreOpt = Non
        model: Annotated[str | None, typer.Option(help="Starting policy: a LoggedModel id (m-...), a store train or "
                                                       "policy artifact folder, or an HF folder; empty = the "
                                                       "champion (or the pipeline's trained model).")] = None,
-       algorithm: Annotated[str | None, typer.Option(help="grpo or rft (overrides rl.algorithm).")] = None,
+       algorithm: Annotated[str | None, typer.Option(help="grpo or rft (overrides rl.algorithm.name; another rule "
+                                                          "than the config's starts from its defaults).")] = None,
        iterations: Annotated[int | None, typer.Option(help="Overrides rl.iterations.")] = None,
        as_json: AsJson = False) -> None:
     """RL for code (``rl`` in the config): iterations of rollouts judged in the sandbox and policy updates (GRPO
     or rejection-sampling fine-tuning), then the held-out pass rate before/after, the evaluation and the gate."""
     cfg = build_config(config, preset, None, store)
-    overrides = {k: v for k, v in {"algorithm": algorithm, "iterations": iterations}.items() if v is not None}
+    overrides: dict[str, Any] = {} if iterations is None else {"iterations": iterations}
+    if algorithm is not None:  # the configured settings when it names the same rule, else that rule's defaults
+        overrides["algorithm"] = cfg.rl.algorithm.model_dump() if cfg.rl.algorithm.name == algorithm \
+            else {"name": algorithm}
     if overrides:
         try:
             cfg = cfg.model_copy(update={"rl": cfg.rl.model_validate({**cfg.rl.model_dump(), **overrides})})

@@ -13,7 +13,7 @@ import types
 from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, ClassVar, Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -267,6 +267,9 @@ class GRPOConfig(StageConfig):
     Defaults follow DAPO as verl runs it (clip-higher 0.2/0.28, no KL, token-mean, dynamic sampling, overlong
     masking); ``norm_adv_by_std=False`` with ``loss_agg="seq-mean-token-sum-norm"`` is Dr. GRPO.
     """
+
+    name: Literal["grpo"] = "grpo"
+    multi_turn: ClassVar[bool] = True  # trains through the loss mask: episodes with environment tokens are fine
 
     clip_low: float = Field(0.2, ge=0, lt=1, description="Ratio clipped below at 1 - clip_low.")
     clip_high: float = Field(0.28, ge=0, description="Ratio clipped above at 1 + clip_high (DAPO clip-higher).")
@@ -607,19 +610,33 @@ class CodeFeedbackConfig(StageConfig):
 EnvConfig = Annotated[CodeExecConfig | CodeFeedbackConfig, Field(discriminator="kind")]
 
 
+class RFTConfig(FinetuneConfig):
+    """Rejection sampling: each iteration fine-tunes on its distinct passing samples (``codemill.rl.algorithms.rft``,
+    the pipeline's trainer). Single-turn environments only: the documents have no loss mask."""
+
+    name: Literal["rft"] = "rft"
+    multi_turn: ClassVar[bool] = False  # whole documents, no loss mask
+    epochs: float | None = Field(2.0, gt=0, description="Passes over the packed rows of the passing samples "
+                                 "(rounded up, at most max_steps): the data grows and shrinks with the pass rate, "
+                                 "and a fixed step count would overfit a few passing samples.")
+    lr: float = Field(3e-4, gt=0, description="Peak learning rate (cosine decay to train.min_lr_ratio of it; the "
+                                              "other AdamW settings are train's).")
+
+
+AlgorithmConfig = Annotated[GRPOConfig | RFTConfig, Field(discriminator="name")]
+
+
 class RLConfig(StageConfig):
     """RL for code: iterations of rollout -> sandboxed reward -> update (`codemill rl`)."""
 
-    algorithm: Literal["grpo", "rft"] = Field("grpo", description="grpo, or rft: rejection-sampling fine-tuning "
-                                              "(fine-tune on the passing samples).")
+    algorithm: AlgorithmConfig = Field(default_factory=GRPOConfig, description="The update rule, by name, with its "
+                                       "settings: grpo, or rft (rejection sampling: fine-tune on the passing "
+                                       "samples) (docs/rl.md#updates).")
     iterations: int = Field(4, ge=1, description="Rollout/update iterations.")
     seed: int = Field(0, description="Seed of the problem order, the sampling and the updates.")
     env: EnvConfig = Field(default_factory=CodeExecConfig, description="The environment episodes run in, by kind "
                            "(docs/rl.md#environments).")
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
-    grpo: GRPOConfig = Field(default_factory=GRPOConfig)
-    rft: FinetuneConfig = Field(default_factory=lambda: FinetuneConfig(epochs=2.0, lr=3e-4), description=(
-        "rft: the fine-tune on the passing samples of each iteration."))
     warm_start: FinetuneConfig = Field(default_factory=lambda: FinetuneConfig(max_steps=0), description=(
         "Before iteration 0: fine-tune on the train problems' reference solutions (0 steps = off)."))
     warm_start_share: float = Field(1.0, gt=0, le=1, description=(
@@ -630,19 +647,19 @@ class RLConfig(StageConfig):
                                  "the starting and the final policy (paired, per problem).")
 
     @model_validator(mode="after")
-    def _rft_needs_single_turn(self) -> RLConfig:
-        """Rejection sampling fine-tunes on whole documents; a multi-turn episode holds the environment's tokens,
-        which only a masked loss (grpo) keeps out of training."""
-        if self.algorithm == "rft" and self.env.max_turns > 1:
-            raise ValueError(f"algorithm rft needs a single-turn environment; rl.env ({self.env.kind}) allows "
-                             f"{self.env.max_turns} turns: use grpo")
+    def _single_turn_rules(self) -> RLConfig:
+        """A rule without a loss mask (rejection sampling fine-tunes on whole documents) would train on the
+        environment's tokens of a multi-turn episode."""
+        if not self.algorithm.multi_turn and self.env.max_turns > 1:
+            raise ValueError(f"algorithm {self.algorithm.name} needs a single-turn environment; rl.env "
+                             f"({self.env.kind}) allows {self.env.max_turns} turns: use grpo")
         return self
 
     @model_validator(mode="after")
     def _same_temperature(self) -> RLConfig:
         """The update's log-probs must use the temperature the samples were drawn at (the ratio starts at 1)."""
-        if self.grpo.temperature != self.rollout.temperature:
-            raise ValueError(f"grpo.temperature ({self.grpo.temperature}) must equal rollout.temperature "
+        if isinstance(self.algorithm, GRPOConfig) and self.algorithm.temperature != self.rollout.temperature:
+            raise ValueError(f"algorithm.temperature ({self.algorithm.temperature}) must equal rollout.temperature "
                              f"({self.rollout.temperature}): the update scores tokens at the sampling temperature")
         return self
 

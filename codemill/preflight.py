@@ -59,7 +59,8 @@ def needs_of(command: str, cfg: PipelineConfig, until: str = "evaluate") -> Need
     if command == "problems":
         return Needs(sandbox=True)
     if command == "rl":
-        return Needs(sandbox=True, training=True, devices=(cfg.train.device, cfg.rl.grpo.device),
+        update_device = getattr(cfg.rl.algorithm, "device", cfg.train.device)  # rft trains with train's device
+        return Needs(sandbox=True, training=True, devices=(cfg.train.device, update_device),
                      vllm=cfg.rl.rollout.engine == "vllm")
     if command == "serve":  # serves every deployment: the pipeline, evaluation, problems and RL
         return Needs(sandbox=True, training=True, devices=(cfg.train.device,))
@@ -154,7 +155,7 @@ def check_cuda() -> Check:
     if not torch.cuda.is_available():
         return Check("device", "the config asks for device cuda, but torch sees no CUDA device here "
                      f"(torch {torch.__version__}, CUDA build: {torch.version.cuda or 'no'})",
-                     hint="set train.device (and rl.grpo.device) to auto or cpu, or run on a GPU machine")
+                     hint="set train.device (and rl.algorithm.device) to auto or cpu, or run on a GPU machine")
     return Check("device", detail=f"cuda: {torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}")
 
 

@@ -232,7 +232,7 @@ def _walk(model: type[BaseModel], path: str, instance: BaseModel | None, depth: 
 def config_sections(model: type[BaseModel] | None = None) -> list[Section]:
     """Every config model reachable from ``model`` (default ``PipelineConfig``), depth first in field order, each
     with its rows. Defaults come from a default instance, so a field whose default differs by where it sits
-    (``rl.rft`` and ``rl.warm_start`` are both a ``FinetuneConfig``) shows the default it has there."""
+    (``rl.warm_start`` is a ``FinetuneConfig`` with its own defaults) shows the default it has there."""
     if model is None:
         from codemill.config import PipelineConfig
 

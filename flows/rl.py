@@ -123,7 +123,7 @@ def iteration_table(stages: dict[str, StageResult], iterations: int) -> list[dic
 def _run_name() -> str:
     """``<experiment>-rl-<algorithm>-<UTC date-time>`` (a deployment run passes the config as a dict)."""
     cfg = config_of(flow_run.parameters)
-    return f"{cfg.name}-rl-{cfg.rl.algorithm}-{datetime.now(UTC):%Y%m%d-%H%M%S}"
+    return f"{cfg.name}-rl-{cfg.rl.algorithm.name}-{datetime.now(UTC):%Y%m%d-%H%M%S}"
 
 
 @flow(name="rl", flow_run_name=_run_name, persist_result=True, log_prints=True,
@@ -186,7 +186,7 @@ def run_rl(config: PipelineConfig, model: str | None) -> dict[str, Any]:
     lineage.tag(parent, {T.MODEL_ID: final.model_id, T.MODEL_DIGEST: final.ref.digest,
                          **{T.stage_digest(k): v.ref.digest for k, v in stages.items()}})
     create_table_artifact(table, key="rl-iterations", description=(
-        f"RL ({config.rl.algorithm}) per iteration; held-out pass rate {heldout.before.rate:.3f} -> "
+        f"RL ({config.rl.algorithm.name}) per iteration; held-out pass rate {heldout.before.rate:.3f} -> "
         f"{heldout.after.rate:.3f} (gain {heldout.gain:+.3f}, 95% CI [{heldout.gain_ci_low:+.3f}, "
         f"{heldout.gain_ci_high:+.3f}], p={heldout.p_value:.3g}, {heldout.problems} problems)"))
     logger.info("held-out pass rate %.3f -> %.3f (gain %+.3f, p=%.3g)", heldout.before.rate, heldout.after.rate,

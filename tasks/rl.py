@@ -10,7 +10,6 @@ first artifact missing from the store, with the same problems and seeds it would
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 from pathlib import Path
@@ -20,7 +19,7 @@ from prefect import get_run_logger
 
 from codemill import metrics, progress
 from codemill import tags as T
-from codemill.config import FinetuneConfig, RLConfig, TrainConfig
+from codemill.config import RLConfig, TrainConfig
 from codemill.lineage import Lineage
 from codemill.plan import StagePlan
 from codemill.store import ArtifactRef, ArtifactStore, ArtifactWriter, Manifest
@@ -32,7 +31,6 @@ POLICY = "policy"
 ROLLOUTS_CODE_VERSION = "rollouts-v2"
 POLICY_CODE_VERSION = "policy-v3"
 ROLLOUTS_FILE = "rollouts.parquet"
-OPTIMIZER = "optimizer"  # a GRPO policy artifact's AdamW state, which the next iteration's update continues
 HELDOUT = "val"
 
 
@@ -59,41 +57,25 @@ def plan_rollouts(cfg: RLConfig, policy: ArtifactRef, problems: ArtifactRef, ite
                      inputs={"policy": policy, "problems": problems})
 
 
-def finetune_train_config(train: TrainConfig, ft: FinetuneConfig, seed: int) -> TrainConfig:
-    """The pipeline's trainer settings (parallelism, ranks, device, dtype) with the fine-tune's steps and lr.
-    ``init_from`` (the policy folder) is set at run time: the policy is an input of the plan, not a path."""
-    return train.model_copy(update={
-        "init_from": None, "max_steps": ft.max_steps, "lr": ft.lr, "warmup_steps": min(ft.warmup_steps, ft.max_steps),
-        "micro_batch_size": ft.micro_batch_size, "grad_accum_steps": 1, "seed": seed, "val_sequences": 0,
-        "checkpoint_every": max(1, ft.max_steps), "schedule": "cosine"})
-
-
-def sampled_token_budget(cfg: RLConfig) -> int:
-    """The most tokens an episode's policy can sample (Dr. GRPO's constant normaliser): every turn's budget."""
-    return cfg.rollout.max_new_tokens * cfg.env.max_turns
-
-
 def _update_config(cfg: RLConfig, train: TrainConfig, iteration: int) -> dict[str, Any]:
+    from codemill.rl.algorithms import algorithm
     from codemill.rl.engines import derive_seed
 
     seed = derive_seed("rl-update", cfg.seed, iteration) % 2**31
-    if cfg.algorithm == "grpo":
-        grpo = cfg.grpo.model_copy(update={"seed": seed})
-        return {"algorithm": "grpo", "grpo": grpo.digest_config(),
-                "max_new_tokens": sampled_token_budget(cfg), "iteration": iteration}
-    ft = finetune_train_config(train, cfg.rft, seed)
-    return {"algorithm": "rft", "train": ft.digest_config(), "seq_len": cfg.rft.seq_len, "iteration": iteration}
+    return algorithm(cfg.algorithm.name).update_config(cfg, train, iteration, seed)
 
 
 def plan_update(cfg: RLConfig, train: TrainConfig, policy: ArtifactRef, rollouts: ArtifactRef,
                 iteration: int) -> StagePlan:
     """The policy after iteration ``iteration``: ``policy`` updated on ``rollouts`` (GRPO or rejection sampling)."""
-    return StagePlan(stage=POLICY, name=f"{cfg.algorithm}-it{iteration:03d}", code_version=POLICY_CODE_VERSION,
+    return StagePlan(stage=POLICY, name=f"{cfg.algorithm.name}-it{iteration:03d}", code_version=POLICY_CODE_VERSION,
                      config=_update_config(cfg, train, iteration), inputs={"policy": policy, "rollouts": rollouts})
 
 
 def plan_warm_start(cfg: RLConfig, train: TrainConfig, policy: ArtifactRef, problems: ArtifactRef) -> StagePlan:
     """``policy`` fine-tuned on the train problems' reference solutions (before iteration 0)."""
+    from codemill.rl.algorithms.rft import finetune_train_config
+
     ft = finetune_train_config(train, cfg.warm_start, cfg.seed)
     return StagePlan(stage=POLICY, name="warm-start", code_version=POLICY_CODE_VERSION,
                      config={"algorithm": "sft", "train": ft.digest_config(), "seq_len": cfg.warm_start.seq_len,
@@ -113,7 +95,8 @@ def _problems(store: ArtifactStore, ref: ArtifactRef, split: str):
 
 
 def _device(cfg: RLConfig) -> str:
-    return "cuda" if on_cuda(cfg.grpo.device) else "cpu"
+    """Where the rollouts' engine runs: the update's device (a GRPO update's own, else auto)."""
+    return "cuda" if on_cuda(getattr(cfg.algorithm, "device", "auto")) else "cpu"
 
 
 @stage_task("rollouts")
@@ -186,95 +169,57 @@ def _record_rollouts(plan: StagePlan):
 @stage_task("policy")
 def update_task(plan: StagePlan, ctx: RunContext, cfg: RLConfig, train: TrainConfig, policy_hf: str,
                 reference_hf: str | None = None) -> StageResult:
-    """One policy update: GRPO (``codemill.rl.update`` under torchrun) or rejection sampling / the warm
-    start (``codemill.models.trainer`` on the passing samples / the reference solutions)."""
+    """One policy update: the job ``rl.algorithm``'s rule builds (``codemill.rl.algorithms``), or the warm start
+    (the trainer on the reference solutions), launched under torchrun."""
+    from codemill.rl.algorithms import algorithm
+
     store = ctx.store()
-    algorithm = plan.config["algorithm"]
+    rule = algorithm(cfg.algorithm.name)
+    launch = rule.launch_config(cfg, train) if plan.config["algorithm"] != "sft" else train
 
     def produce(w: ArtifactWriter, run_id: str) -> Manifest:
         scratch = Path(ctx.work_dir).absolute() / "rl" / f"{plan.name}-{plan.digest[:12]}"
-        if algorithm == "grpo":
-            stats = _grpo(plan, ctx, cfg, policy_hf, reference_hf, w, run_id, scratch)
+        t0 = time.monotonic()
+        job = _warm_start_job(plan, ctx, cfg, train, policy_hf, w, scratch) if plan.config["algorithm"] == "sft" \
+            else rule.job(_update_inputs(plan, ctx, cfg, train, policy_hf, reference_hf, w, scratch))
+        if isinstance(job, dict):  # nothing to train: the policy goes on unchanged, and the manifest says so
+            stats = {**job, "update_s": 0.0}
         else:
-            stats = _finetune(plan, ctx, cfg, train, policy_hf, w, run_id, scratch)
+            run_torchrun(job.spec, w.dir, job.launch, ctx, run_id, POLICY, module=job.module)
+            stats = {**job.result(), "update_s": time.monotonic() - t0}
         manifest = w.finish(stats)
         shutil.rmtree(scratch, ignore_errors=True)  # resume scratch; the committed export supersedes it
         return manifest
 
     return run_stage(ctx, plan, produce, _record_policy(store, plan), _policy_summary,
-                     gpus=cfg.grpo.nproc_per_node if _device(cfg) == "cuda" else 0, system_metrics=True)
+                     gpus=launch.nproc_per_node if on_cuda(launch.device) else 0, system_metrics=True)
 
 
-def _grpo(plan: StagePlan, ctx: RunContext, cfg: RLConfig, policy_hf: str, reference_hf: str | None,
-          w: ArtifactWriter, run_id: str, scratch: Path) -> dict[str, Any]:
-    from codemill.rl.update import SUMMARY, RLUpdateSpec
+def _update_inputs(plan: StagePlan, ctx: RunContext, cfg: RLConfig, train: TrainConfig, policy_hf: str,
+                   reference_hf: str | None, w: ArtifactWriter, scratch: Path) -> Any:
+    from codemill.rl.algorithms import UpdateInputs
 
     store = ctx.store()
-    rollouts = store.local_path(plan.input("rollouts")) / ROLLOUTS_FILE
-    grpo = cfg.grpo.model_copy(update={"seed": plan.config["grpo"]["seed"]})
-    previous = store.local_path(plan.input("policy")) / OPTIMIZER if plan.input("policy").stage == POLICY else None
-    spec = RLUpdateSpec(grpo=grpo, policy_dir=policy_hf, reference_dir=reference_hf if grpo.kl_coef > 0 else None,
-                        rollouts_path=str(rollouts), out_dir=str(w.dir / "hf"), ckpt_dir=str(scratch / "checkpoints"),
-                        max_new_tokens=sampled_token_budget(cfg),
-                        optimizer_in=str(previous) if previous is not None and previous.is_dir() else None,
-                        optimizer_out=str(w.dir / OPTIMIZER))
-    t0 = time.monotonic()
-    run_torchrun(spec, w.dir, grpo, ctx, run_id, POLICY, module="codemill.rl.update")
-    summary = json.loads((w.dir / "hf" / SUMMARY).read_text())
-    metrics = summary.get("metrics", summary)
-    return {"algorithm": "grpo", "update": metrics, "update_s": time.monotonic() - t0}
+    rollouts, start = plan.input("rollouts"), plan.input("policy")
+    return UpdateInputs(cfg, train, plan.config, policy_hf, store.local_path(rollouts) / ROLLOUTS_FILE,
+                        rollouts.stage, rollouts.digest,
+                        store.local_path(start) if start.stage == POLICY else None, reference_hf, w.dir, scratch)
 
 
-def _finetune(plan: StagePlan, ctx: RunContext, cfg: RLConfig, train: TrainConfig, policy_hf: str,
-              w: ArtifactWriter, run_id: str, scratch: Path) -> dict[str, Any]:
+def _warm_start_job(plan: StagePlan, ctx: RunContext, cfg: RLConfig, train: TrainConfig, policy_hf: str,
+                    w: ArtifactWriter, scratch: Path) -> Any:
     from transformers import AutoTokenizer
 
-    from codemill.models.trainer import TrainSpec
-    from codemill.rl.data import (
-        finetune_steps,
-        passing_documents,
-        seeded_share,
-        solution_documents,
-        write_sft_tokens,
-    )
-    from codemill.rl.trajectory import read_rollouts
+    from codemill.rl.algorithms.rft import finetune_job
+    from codemill.rl.data import seeded_share, solution_documents
 
-    store = ctx.store()
-    algorithm = plan.config["algorithm"]
-    ft = cfg.rft if algorithm == "rft" else cfg.warm_start
-    tokenizer = AutoTokenizer.from_pretrained(policy_hf)
-    if algorithm == "rft":
-        data = plan.input("rollouts")
-        rows = read_rollouts(store.local_path(data) / ROLLOUTS_FILE).to_pylist()
-        docs = passing_documents(rows, {tokenizer.eos_token_id})
-    else:
-        data = plan.input("problems")
-        solved = [p for p in _problems(store, data, "train") if p.reference_solution]
-        shown = set(seeded_share([p.problem_id for p in solved], plan.config["share"], cfg.seed))
-        docs = solution_documents([(p.prompt, p.reference_solution or "") for p in solved if p.problem_id in shown],
-                                  tokenizer)
-    t0 = time.monotonic()
-    if not docs or ft.max_steps == 0:  # nothing passed: the policy goes on unchanged, and the manifest says so
-        shutil.copytree(policy_hf, w.dir / "hf")
-        return {"algorithm": algorithm, "documents": len(docs), "steps": 0, "unchanged": True, "update_s": 0.0}
-    tokenizer.save_pretrained(str(scratch / "tokenizer" / "hf"))
-    info = write_sft_tokens(docs, tokenizer, ft.seq_len, scratch / "tokens", seed=plan.config["train"]["seed"])
-    tcfg = TrainConfig.model_validate({**train.model_dump(), **plan.config["train"], "init_from": policy_hf})
-    steps = finetune_steps(ft.max_steps, ft.epochs, info["rows"], tcfg.micro_batch_size * tcfg.nproc_per_node)
-    tcfg = tcfg.model_copy(update={**{k: getattr(train, k) for k in ("timeout_s", "log_every", "keep_checkpoints")},
-                                   "max_steps": steps, "checkpoint_every": steps,
-                                   "warmup_steps": min(tcfg.warmup_steps, steps - 1)})
-    spec = TrainSpec(train=tcfg, tokens_dir=str(scratch / "tokens" / "train"),
-                     tokenizer_dir=str(scratch / "tokenizer"), out_dir=str(w.dir),
-                     ckpt_dir=str(scratch / "checkpoints"),
-                     vocab_size=info["vocab_size"], eos_id=info["eos_id"], pad_id=info["pad_id"], seq_len=ft.seq_len,
-                     dataset_name=data.stage, dataset_digest=data.digest)
-    run_torchrun(spec, w.dir, tcfg, ctx, run_id, POLICY)
-    summary = json.loads((w.dir / "train_summary.json").read_text())
-    return {"algorithm": algorithm, "documents": info["documents"], "tokens": info["tokens"], "rows": info["rows"],
-            "steps": summary["steps"], "final_loss": summary["final_loss"],
-            "first_loss": summary["losses"][0] if summary["losses"] else None, "unchanged": False,
-            "update_s": time.monotonic() - t0}
+    data = plan.input("problems")
+    solved = [p for p in _problems(ctx.store(), data, "train") if p.reference_solution]
+    shown = set(seeded_share([p.problem_id for p in solved], plan.config["share"], cfg.seed))
+    docs = solution_documents([(p.prompt, p.reference_solution or "") for p in solved if p.problem_id in shown],
+                              AutoTokenizer.from_pretrained(policy_hf))
+    return finetune_job("sft", docs, cfg.warm_start, train, plan.config, policy_hf, (data.stage, data.digest), w.dir,
+                        scratch)
 
 
 def _policy_summary(m: Manifest) -> dict[str, Any]:

@@ -23,15 +23,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from codemill.config import GRPOConfig
+from codemill.config import GRPOConfig, RLConfig, TrainConfig
+from codemill.rl.algorithms.base import UpdateInputs, UpdateJob
 
-__all__ = ["SUM_KEYS", "GRPOConfig", "LossAgg", "MicroBatch", "TokenTerms", "aggregate", "collate",
+__all__ = ["GRPO", "SUM_KEYS", "GRPOConfig", "LossAgg", "MicroBatch", "TokenTerms", "aggregate", "collate",
            "dynamic_sampling_keep", "entropy_from_logits", "group_advantages", "kl_k3", "metrics_from_sums",
            "overlong_keep", "ratio_extremes", "sequence_logprobs", "step_denominator", "token_sums", "token_terms",
            "zero_variance_groups"]
@@ -292,3 +293,43 @@ def metrics_from_sums(sums: Sequence[float]) -> dict[str, float]:
     return {"tokens": d["tokens"], "ratio_mean": d["ratio"] / n if d["tokens"] else 1.0,
             "clip_frac_low": d["clipped_low"] / n, "clip_frac_high": d["clipped_high"] / n,
             "kl_old": d["kl_old"] / n, "kl_ref": d["kl_ref"] / n, "entropy": d["entropy"] / n}
+
+
+OPTIMIZER = "optimizer"  # a GRPO policy artifact's AdamW state, which the next iteration's update continues
+
+
+class GRPO:
+    """GRPO and its variants (``rl.algorithm: {name: grpo, ...}``): the loss above, run by ``codemill.rl.update``
+    under torchrun on the iteration's rollouts, AdamW continued from the previous update's state."""
+
+    name: ClassVar[str] = "grpo"
+
+    def update_config(self, rl: RLConfig, train: TrainConfig, iteration: int, seed: int) -> dict[str, Any]:
+        assert isinstance(rl.algorithm, GRPOConfig)
+        return {"algorithm": self.name, "grpo": rl.algorithm.model_copy(update={"seed": seed}).digest_config(),
+                "max_new_tokens": rl.rollout.max_new_tokens * rl.env.max_turns, "iteration": iteration}
+
+    def launch_config(self, rl: RLConfig, train: TrainConfig) -> GRPOConfig:
+        assert isinstance(rl.algorithm, GRPOConfig)
+        return rl.algorithm
+
+    def job(self, inputs: UpdateInputs) -> UpdateJob:
+        import json
+
+        from codemill.rl.update import SUMMARY, RLUpdateSpec
+
+        grpo = self.launch_config(inputs.rl, inputs.train).model_copy(update={"seed": inputs.config["grpo"]["seed"]})
+        previous = inputs.previous / OPTIMIZER if inputs.previous is not None else None
+        spec = RLUpdateSpec(grpo=grpo, policy_dir=inputs.policy_hf,
+                            reference_dir=inputs.reference_hf if grpo.kl_coef > 0 else None,
+                            rollouts_path=str(inputs.rollouts_path), out_dir=str(inputs.out_dir / "hf"),
+                            ckpt_dir=str(inputs.scratch / "checkpoints"),
+                            max_new_tokens=inputs.config["max_new_tokens"],
+                            optimizer_in=str(previous) if previous is not None and previous.is_dir() else None,
+                            optimizer_out=str(inputs.out_dir / OPTIMIZER))
+
+        def result() -> dict[str, Any]:
+            summary = json.loads((inputs.out_dir / "hf" / SUMMARY).read_text())
+            return {"algorithm": self.name, "update": summary.get("metrics", summary)}
+
+        return UpdateJob(spec, grpo, "codemill.rl.update", result)

@@ -33,7 +33,7 @@ GRAFANA_VARIABLES = {"$__rate_interval": "1m", "$__interval": "15s", "$__range":
 RL_SETTINGS: dict[str, Any] = {
     "iterations": 1, "heldout_samples": 1,
     "rollout": {"problems_per_iteration": 4, "samples_per_problem": 2, "max_new_tokens": 8, "workers": 2},
-    "grpo": {"nproc_per_node": 1, "device": "cpu", "micro_batch_size": 4},
+    "algorithm": {"name": "grpo", "nproc_per_node": 1, "device": "cpu", "micro_batch_size": 4},
 }
 
 

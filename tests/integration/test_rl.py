@@ -46,9 +46,12 @@ SETTINGS: dict[str, Any] = {
     "warm_start": {"max_steps": 20, "lr": 3e-4, "micro_batch_size": 16, "seq_len": 128},
     "rollout": {"problems_per_iteration": PER_ITERATION, "samples_per_problem": 8, "max_new_tokens": 32,
                 "workers": 2},
-    "grpo": {"lr": 1e-4, "micro_batch_size": 16, "grad_accum": 4, "epochs": 2, "norm_adv_by_std": False,
-             "device": "cpu"},
-    "rft": {"max_steps": 50, "epochs": 2.0, "lr": 2e-4, "warmup_steps": 2, "micro_batch_size": 8, "seq_len": 128},
+}
+ALGORITHMS: dict[str, dict[str, Any]] = {
+    "grpo": {"name": "grpo", "lr": 1e-4, "micro_batch_size": 16, "grad_accum": 4, "epochs": 2,
+             "norm_adv_by_std": False, "device": "cpu"},
+    "rft": {"name": "rft", "max_steps": 50, "epochs": 2.0, "lr": 2e-4, "warmup_steps": 2, "micro_batch_size": 8,
+            "seq_len": 128},
 }
 PER_ALGORITHM: dict[str, dict[str, Any]] = {"grpo": {}, "rft": {"warm_start": {"max_steps": 0}}}
 
@@ -69,7 +72,7 @@ def rl_root(tmp_path_factory, prefect_harness) -> Path:
 
 
 def _config_file(root: Path, algorithm: str) -> Path:
-    cfg = rl_config(root, **{**SETTINGS, **PER_ALGORITHM[algorithm], "algorithm": algorithm})
+    cfg = rl_config(root, **{**SETTINGS, **PER_ALGORITHM[algorithm], "algorithm": ALGORITHMS[algorithm]})
     path = root / f"{algorithm}.yaml"
     path.write_text(cfg.model_dump_json())
     return path
@@ -168,7 +171,7 @@ def test_rejection_sampling_fine_tunes_on_the_passing_samples(rl_root: Path) -> 
         passing = passing_documents(rows.to_pylist(), eos)
         update = stages[f"update:{i}"]["summary"]
         assert update["algorithm"] == "rft" and update["documents"] == len(passing) > 0
-        assert 1 <= update["steps"] <= SETTINGS["rft"]["max_steps"] and not update["unchanged"]
+        assert 1 <= update["steps"] <= ALGORITHMS["rft"]["max_steps"] and not update["unchanged"]
     _assert_heldout_comparison(out)
 
 
@@ -179,7 +182,8 @@ def test_grpo_runs_on_the_multi_turn_feedback_environment(rl_root: Path) -> None
     from codemill.flows.rl import rl
     from codemill.rl.trajectory import read_rollouts
 
-    settings = {**SETTINGS, "iterations": 2, "heldout_samples": 2, "warm_start": {"max_steps": 0},
+    settings = {**SETTINGS, "algorithm": ALGORITHMS["grpo"], "iterations": 2, "heldout_samples": 2,
+                "warm_start": {"max_steps": 0},
                 "env": {"kind": "code_feedback", "max_turns": 3, "visible_cases": 2},
                 "rollout": {**SETTINGS["rollout"], "problems_per_iteration": 16, "samples_per_problem": 4}}
     cfg = rl_config(rl_root, **settings)

@@ -1,0 +1,60 @@
+"""What an update rule gives the RL loop: the settings its policy artifact hashes, and the job that computes the
+update (a torchrun module with its spec) from the iteration's inputs. The ``rl`` flow plans, launches and records;
+the rule decides what runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Protocol
+
+from pydantic import BaseModel
+
+from codemill.config import RLConfig, TrainConfig
+
+
+@dataclass(frozen=True)
+class UpdateInputs:
+    """One update's inputs, as paths: the sampling policy, the iteration's rollouts, the previous update's
+    artifact (None at the start), where the new policy goes (``out_dir/hf``) and a scratch folder for resume."""
+
+    rl: RLConfig
+    train: TrainConfig
+    config: dict[str, Any]  # the plan's hashed config (update_config's result)
+    policy_hf: str
+    rollouts_path: Path
+    rollouts_name: str
+    rollouts_digest: str
+    previous: Path | None
+    reference_hf: str | None
+    out_dir: Path
+    scratch: Path
+
+
+@dataclass
+class UpdateJob:
+    """A torchrun job: ``module`` with ``spec`` as its JSON argument, launched with ``launch``'s processes,
+    device and timeout; ``result()`` reads what it wrote into the policy manifest's stats."""
+
+    spec: BaseModel
+    launch: Any  # GRPOConfig | TrainConfig: nproc_per_node, device, timeout_s
+    module: str
+    result: Callable[[], dict[str, Any]]
+
+
+class Algorithm(Protocol):
+    name: ClassVar[str]
+
+    def update_config(self, rl: RLConfig, train: TrainConfig, iteration: int, seed: int) -> dict[str, Any]:
+        """The settings the policy artifact of iteration ``iteration`` hashes (``seed``: the update's own)."""
+        ...
+
+    def launch_config(self, rl: RLConfig, train: TrainConfig) -> Any:
+        """Where the update runs: an object with ``nproc_per_node``, ``device`` and ``timeout_s``."""
+        ...
+
+    def job(self, inputs: UpdateInputs) -> UpdateJob | dict[str, Any]:
+        """The job to run, or the stats of an update that needed none (the policy goes on unchanged)."""
+        ...
