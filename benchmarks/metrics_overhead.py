@@ -43,8 +43,8 @@ from codemill.data.ingest import run_ingest
 from codemill.data.sources import stdlib_root
 from codemill.evals.humaneval import STOP_SEQUENCES
 from codemill.metrics.push import flow_metrics
+from codemill.models.engines import HFEngine, RolloutParams
 from codemill.problems.synthetic import synthetic_problems
-from codemill.rl.engines import HFEngine, RolloutParams
 from codemill.rl.envs import env_for
 from codemill.rl.rollout import collect_rollouts
 from codemill.sandbox import Limits

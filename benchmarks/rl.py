@@ -33,9 +33,9 @@ import torch
 from codemill.config import GRPOConfig
 from codemill.cpus import usable_cpus
 from codemill.evals.humaneval import STOP_SEQUENCES
+from codemill.models.engines import HFEngine, RolloutEngine, RolloutParams, VLLMEngine
 from codemill.models.launch import threads_per_rank, torchrun_command
 from codemill.problems.synthetic import synthetic_problems
-from codemill.rl.engines import HFEngine, RolloutEngine, RolloutParams, VLLMEngine
 from codemill.rl.envs import env_for
 from codemill.rl.rollout import collect_rollouts, write_rollouts
 from codemill.rl.update import SUMMARY, RLUpdateSpec

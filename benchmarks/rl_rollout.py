@@ -36,8 +36,7 @@ import torch
 from codemill.cpus import usable_cpus
 from codemill.evals.generate import SamplingParams, generate
 from codemill.evals.humaneval import STOP_SEQUENCES
-from codemill.problems.synthetic import synthetic_problems
-from codemill.rl.engines import (
+from codemill.models.engines import (
     HFEngine,
     RolloutEngine,
     RolloutParams,
@@ -45,6 +44,7 @@ from codemill.rl.engines import (
     derive_seed,
     teacher_forced_logprobs,
 )
+from codemill.problems.synthetic import synthetic_problems
 from codemill.rl.envs import env_for
 from codemill.rl.rollout import collect_rollouts, prompt_seed
 from codemill.sandbox import Limits

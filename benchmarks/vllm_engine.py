@@ -32,8 +32,8 @@ def main() -> None:
     import transformers
     import vllm
 
+    from codemill.models.engines import HFEngine, RolloutParams, VLLMEngine
     from codemill.problems.synthetic import synthetic_problems
-    from codemill.rl.engines import HFEngine, RolloutParams, VLLMEngine
 
     policy = args.policy
     if policy is None:

@@ -519,7 +519,7 @@ class ProblemsConfig(StageConfig):
 
 
 class VLLMOptions(StageConfig):
-    """vLLM's settings when ``rl.rollout.engine`` is vllm (``rl.engines.VLLMEngine``)."""
+    """vLLM's settings when ``rl.rollout.engine`` is vllm (``models.engines.VLLMEngine``)."""
 
     dtype: Literal["bfloat16", "float16", "float32"] = Field(
         "bfloat16", description="The dtype vLLM runs the model in: its log-probs differ from the update's fp32 "

@@ -137,7 +137,7 @@ def check_torchrun() -> Check:
 
 def check_vllm() -> Check:
     """vLLM lives in an environment of its own (scripts/vllm-env): the command must run from there."""
-    from codemill.rl.engines import vllm_available
+    from codemill.models.engines import vllm_available
 
     if not vllm_available():
         return Check("vllm", "rl.rollout.engine is vllm but vllm is not importable in this Python",

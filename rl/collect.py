@@ -14,8 +14,8 @@ from contextlib import contextmanager
 from typing import Any
 
 from codemill.config import RLConfig, RolloutConfig
+from codemill.models.engines import RolloutParams, build_engine, engine_info
 from codemill.problems.problem import ExecProblem
-from codemill.rl.engines import RolloutParams, build_engine, engine_info
 from codemill.rl.envs import env_for
 from codemill.rl.rollout import collect_rollouts
 from codemill.sandbox import Limits

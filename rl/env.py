@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 from codemill.problems.problem import ExecProblem
 
 if TYPE_CHECKING:
-    from codemill.rl.engines import Completion
+    from codemill.models.engines import Completion
     from codemill.sandbox.judge_pool import JudgePool
 
 # Why an episode ended, beyond the engine's own finish reasons of its last turn (stop, eos, length).

@@ -25,8 +25,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from codemill import metrics
+from codemill.models.engines import RolloutEngine, RolloutParams, derive_seed
 from codemill.problems.problem import ExecProblem
-from codemill.rl.engines import RolloutEngine, RolloutParams, derive_seed
 from codemill.rl.env import Environment, Episode, StepResult
 from codemill.rl.trajectory import trajectory_row
 from codemill.sandbox.judge_pool import JudgePool

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from codemill.metrics.push import worker_pusher, worker_target
+from codemill.models.engines import HFEngine, RolloutEngine, RolloutParams
 from codemill.problems.problem import ExecProblem
-from codemill.rl.engines import HFEngine, RolloutEngine, RolloutParams
 from codemill.rl.envs import env_for
 from codemill.rl.rollout import RolloutTimings, batches_of, collect_rollouts
 from codemill.sandbox.judge_pool import JudgePool

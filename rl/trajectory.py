@@ -20,7 +20,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from codemill.rl.engines import FINISH_REASONS
+from codemill.models.engines import FINISH_REASONS
 from codemill.rl.env import CUT_REASONS, Episode
 
 ROLLOUTS_FILE = "rollouts.parquet"

@@ -37,7 +37,7 @@ HELDOUT = "val"
 def rollout_seed(cfg: RLConfig, split: str, iteration: int | None) -> int:
     """Iteration i samples with its own seed; both held-out rollouts (before/after) share one, so the two
     policies draw with common random numbers and their paired difference has less noise."""
-    from codemill.rl.engines import derive_seed
+    from codemill.models.engines import derive_seed
 
     return derive_seed("rl", cfg.seed, split, iteration if split != HELDOUT else "heldout")
 
@@ -58,8 +58,8 @@ def plan_rollouts(cfg: RLConfig, policy: ArtifactRef, problems: ArtifactRef, ite
 
 
 def _update_config(cfg: RLConfig, train: TrainConfig, iteration: int) -> dict[str, Any]:
+    from codemill.models.engines import derive_seed
     from codemill.rl.algorithms import algorithm
-    from codemill.rl.engines import derive_seed
 
     seed = derive_seed("rl-update", cfg.seed, iteration) % 2**31
     return algorithm(cfg.algorithm.name).update_config(cfg, train, iteration, seed)

@@ -14,7 +14,7 @@ from codemill.rl.envs.code_exec import CodeExecEnv
 from codemill.rl.envs.code_feedback import CodeFeedbackEnv
 
 if TYPE_CHECKING:
-    from codemill.rl.engines import RolloutEngine
+    from codemill.models.engines import RolloutEngine
     from codemill.sandbox.judge_pool import JudgePool
 
 ENVIRONMENTS: dict[str, Any] = {

@@ -17,11 +17,11 @@ from codemill.problems.problem import ExecProblem
 from codemill.rl.env import EnvContext, Episode, EpisodeLimits, Reset, StepInfo, StepResult
 
 if TYPE_CHECKING:
-    from codemill.rl.engines import Completion
+    from codemill.models.engines import Completion
 
 
 def prompt_observation(ctx: EnvContext, task: ExecProblem) -> list[int]:
-    from codemill.rl.engines import encode_prompt
+    from codemill.models.engines import encode_prompt
 
     return encode_prompt(ctx.tokenizer, task.prompt, ctx.max_context, ctx.max_new_tokens)
 

@@ -35,7 +35,7 @@ from codemill.rl.env import EnvContext, Episode, EpisodeLimits, Reset, StepInfo,
 from codemill.rl.envs.code_exec import prompt_observation, reward_of, verdicts
 
 if TYPE_CHECKING:
-    from codemill.rl.engines import Completion
+    from codemill.models.engines import Completion
 
 
 def visible_cases(task: ExecProblem, count: int) -> list[str]:

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from codemill.config import CodeFeedbackConfig, GRPOConfig
+from codemill.models.engines import Completion, HFEngine, RolloutParams
 from codemill.problems.synthetic import synthetic_problems
 from codemill.rl.algorithms.grpo import aggregate, collate, sequence_logprobs, token_terms
-from codemill.rl.engines import Completion, HFEngine, RolloutParams
 from codemill.rl.envs import env_for
 from codemill.rl.envs.code_feedback import feedback_text, visible_cases
 from codemill.rl.rollout import collect_rollouts

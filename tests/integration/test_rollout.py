@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from codemill.models.engines import Completion, HFEngine, RolloutParams, teacher_forced_logprobs
 from codemill.problems.problem import ExecProblem
 from codemill.problems.synthetic import synthetic_problems
-from codemill.rl.engines import Completion, HFEngine, RolloutParams, teacher_forced_logprobs
 from codemill.rl.envs import env_for
 from codemill.rl.rollout import collect_rollouts, judge
 from codemill.rl.trajectory import read_rollouts, write_rollouts

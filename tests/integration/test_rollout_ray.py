@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from codemill.models.engines import HFEngine, RolloutParams
 from codemill.problems.synthetic import synthetic_problems
-from codemill.rl.engines import HFEngine, RolloutParams
 from codemill.rl.envs import env_for
 from codemill.rl.rollout import collect_rollouts
 from codemill.sandbox import Limits

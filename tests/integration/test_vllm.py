@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
+from codemill.models.engines import HFEngine, RolloutParams, teacher_forced_logprobs
 from codemill.problems.synthetic import synthetic_problems
-from codemill.rl.engines import HFEngine, RolloutParams, teacher_forced_logprobs
 from tests.integration.vllm_env import ROOT, run_json, script_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("one_torch_thread")]

@@ -11,7 +11,7 @@ import sys
 import time
 from typing import Any
 
-from codemill.rl.engines import RolloutParams, VLLMEngine
+from codemill.models.engines import RolloutParams, VLLMEngine
 
 
 def run(engine: VLLMEngine, prompts: list[str], k: int, params: RolloutParams, seeds: list[int]) -> list[Any]:

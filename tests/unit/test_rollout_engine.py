@@ -8,14 +8,14 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from codemill.problems.synthetic import synthetic_problems
-from codemill.rl.engines import (
+from codemill.models.engines import (
     HFEngine,
     RolloutEngine,
     RolloutParams,
     sample_from,
     teacher_forced_logprobs,
 )
+from codemill.problems.synthetic import synthetic_problems
 from codemill.rl.trajectory import ROLLOUT_SCHEMA, RolloutsSchemaError, read_rollouts, write_rollouts
 from tests.tiny_policy import make_policy
 
@@ -226,7 +226,7 @@ def test_rollouts_reader_says_what_is_wrong(tmp_path):
 def test_the_vllm_engine_says_what_is_missing(policy):
     import importlib.util
 
-    from codemill.rl.engines import VLLMEngine
+    from codemill.models.engines import VLLMEngine
 
     if importlib.util.find_spec("vllm") is not None:
         pytest.skip("vLLM is installed here")
