@@ -4,7 +4,7 @@ overlapping the judge with generation.
 All in one run, interleaved per repeat (machine-load drift hits every variant alike), median of ``--repeats``:
 
 * generation: the same prompts x k, the same batch of rows, the same sampling settings and stops, timed as
-  - ``hf generate``: ``evals.generate.generate`` (transformers ``model.generate`` with a KV cache, no log-probs),
+  - ``hf generate``: transformers' own ``model.generate`` (a KV cache, left padding, no log-probs),
   - ``engine bare``: ``HFEngine.generate(logprobs=False)`` (the rollout engine's loop, no log-prob bookkeeping),
   - ``engine``: ``HFEngine.generate`` (log-probs kept), and ``collect_rollouts``' own generation time;
 * rewards: ``JudgePool.judge_all`` on the very completions the rollouts made, in one call (bare sandbox
@@ -34,7 +34,6 @@ from pathlib import Path
 import torch
 
 from codemill.cpus import usable_cpus
-from codemill.evals.generate import SamplingParams, generate
 from codemill.evals.humaneval import STOP_SEQUENCES
 from codemill.models.engines import (
     HFEngine,
@@ -42,7 +41,9 @@ from codemill.models.engines import (
     RolloutParams,
     VLLMEngine,
     derive_seed,
+    encode_prompt,
     teacher_forced_logprobs,
+    truncate_at_stop,
 )
 from codemill.problems.synthetic import synthetic_problems
 from codemill.rl.envs import env_for
@@ -66,6 +67,25 @@ def bwrap_version() -> str:
 
     found = resolve()
     return f"{found.version} ({found.origin})"
+
+
+def hf_generate(hf: HFEngine, prompts: list[str], max_new_tokens: int, temperature: float, seed: int) -> list[str]:
+    """One batch through transformers' ``model.generate`` (its fast path: one call, a KV cache, sampling), the
+    prompts encoded and left-truncated as the engine encodes them, the texts cut at the stop sequences after."""
+    tok = hf.tokenizer
+    enc = [encode_prompt(tok, p, hf.max_context, max_new_tokens) for p in prompts]
+    width = max(len(e) for e in enc)
+    ids = torch.full((len(enc), width), hf.pad_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, e in enumerate(enc):
+        ids[row, width - len(e):] = torch.tensor(e)
+        mask[row, width - len(e):] = 1
+    torch.manual_seed(seed)
+    out = hf.model.generate(input_ids=ids.to(hf.device), attention_mask=mask.to(hf.device),
+                            max_new_tokens=max_new_tokens, do_sample=True, temperature=temperature, top_p=None,
+                            top_k=None, use_cache=True, pad_token_id=hf.pad_id, eos_token_id=tok.eos_token_id)
+    return [truncate_at_stop(t, STOP_SEQUENCES)[0]
+            for t in tok.batch_decode(out[:, width:], skip_special_tokens=True)]
 
 
 def main() -> None:
@@ -94,7 +114,6 @@ def main() -> None:
     engine: RolloutEngine = hf if args.engine == "hf" else VLLMEngine(policy, dtype="float32")
     problems = synthetic_problems(1, args.problems)
     params = RolloutParams(temperature=args.temperature, max_new_tokens=args.max_new_tokens, stop=STOP_SEQUENCES)
-    bare_params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, stop=STOP_SEQUENCES)
     limits = Limits(wall_s=3.0, cpu_s=3)
     n = args.problems * args.k
     bp = args.batch_problems
@@ -116,8 +135,7 @@ def main() -> None:
             texts: list[str] = []
             for b, batch in enumerate(batches):
                 prompts = [p.prompt for p in batch for _ in range(args.k)]
-                texts += generate(hf.model, hf.tokenizer, prompts, bare_params, batch_size=len(prompts),
-                                  max_context=hf.max_context, device=hf.device, seed=derive_seed(seed, b))
+                texts += hf_generate(hf, prompts, args.max_new_tokens, args.temperature, derive_seed(seed, b))
             record("hf generate (no log-probs)", time.perf_counter() - t0,
                    sum(len(hf.tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts))
 

@@ -53,6 +53,7 @@ class RolloutParams:
     top_p: float = 1.0
     max_new_tokens: int = 128
     stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()  # tokens that end a sample besides EOS (included, finish_reason "stop")
 
     def __post_init__(self) -> None:
         if not self.temperature >= 0:
@@ -203,10 +204,22 @@ class HFEngine:
 
         self.device = torch.device(device)
         self.dtype = dtype
-        self.rows_per_forward = rows_per_forward
-        self.tokenizer = AutoTokenizer.from_pretrained(str(policy_dir))
-        self.model = self._load_model(policy_dir)
         self.policy_dir = str(policy_dir)
+        self._setup(AutoTokenizer.from_pretrained(str(policy_dir)), self._load_model(policy_dir), rows_per_forward,
+                    max_context)
+
+    @classmethod
+    def from_model(cls, model: Any, tokenizer: Any, *, rows_per_forward: int = 64,
+                   max_context: int | None = None) -> HFEngine:
+        """An engine on a model already in memory (an evaluation's), on the model's device and dtype."""
+        engine = cls.__new__(cls)
+        param = next(model.parameters())
+        engine.device, engine.dtype, engine.policy_dir = param.device, param.dtype, ""
+        engine._setup(tokenizer, model.eval(), rows_per_forward, max_context)
+        return engine
+
+    def _setup(self, tokenizer: Any, model: Any, rows_per_forward: int, max_context: int | None) -> None:
+        self.tokenizer, self.model, self.rows_per_forward = tokenizer, model, rows_per_forward
         self.max_context = max_context or int(getattr(self.model.config, "max_position_embeddings", 2048))
         self.eos = _eos_ids(self.tokenizer, self.model)
         pad = self.tokenizer.pad_token_id
@@ -289,6 +302,8 @@ class HFEngine:
                     lps[r].append(chosen_lp[r])
                 if tok in self.eos:
                     reason[r] = "eos"
+                elif tok in params.stop_token_ids:
+                    reason[r] = "stop"
                 elif params.stop:
                     text = str(self.tokenizer.decode(tokens[r], skip_special_tokens=True))
                     tail = text[max(0, len(texts[r]) - longest_stop + 1):]
@@ -441,7 +456,8 @@ class VLLMEngine:
         encoded = [list(c) for c in contexts]
         sp = [self._vllm.SamplingParams(n=1, seed=None if params.greedy else sample_seed(int(seeds[i]), j) % 2**31,
                                         temperature=params.temperature, top_p=1.0 if params.greedy else params.top_p,
-                                        max_tokens=params.max_new_tokens, stop=list(params.stop), logprobs=0,
+                                        max_tokens=params.max_new_tokens, stop=list(params.stop),
+                                        stop_token_ids=list(params.stop_token_ids), logprobs=0,
                                         include_stop_str_in_output=False)
               for i, j in requests]
         outputs = self.llm.generate([{"prompt_token_ids": encoded[i]} for i, _ in requests], sampling_params=sp,

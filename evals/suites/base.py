@@ -36,6 +36,14 @@ class EvalModel:
     tokenizer: PreTrainedTokenizerBase  # a transformers fast tokenizer
     device: torch.device
 
+    def engine(self, rows_per_forward: int, max_context: int) -> Any:
+        """The sampling engine on this model (``models.engines.HFEngine``): the suites generate through it, as
+        RL's rollouts do."""
+        from codemill.models.engines import HFEngine
+
+        return HFEngine.from_model(self.model, self.tokenizer, rows_per_forward=rows_per_forward,
+                                   max_context=max_context)
+
     @property
     def bos_id(self) -> int:
         tok = self.tokenizer

@@ -23,17 +23,17 @@ def completion_items(r: SuiteRun) -> list[comp.CompletionItem]:
 
 
 def run(r: SuiteRun) -> Rows:
-    from codemill.evals.generate import SamplingParams, generate
+    from codemill.models.engines import RolloutParams
 
     cfg = r.cfg
     sc = cfg.completion
     items = completion_items(r)
     if not items:
         raise ValueError("no completion items: the val files have no lines to complete")
-    m = r.model
-    preds = generate(m.model, m.tokenizer, [it.prefix for it in items],
-                     SamplingParams(max_new_tokens=sc.max_new_tokens, stop=("\n",)), batch_size=sc.batch_size,
-                     max_context=sc.context_len, device=m.device, seed=cfg.seed)
+    greedy = RolloutParams(temperature=0, max_new_tokens=sc.max_new_tokens, stop=("\n",))
+    done = r.model.engine(sc.batch_size, sc.context_len).generate([it.prefix for it in items], 1, greedy,
+                                                                 [0] * len(items))
+    preds = [cs[0].text for cs in done]
     em = np.array([comp.exact_match(p, it.target) for p, it in zip(preds, items, strict=True)])
     es = np.array([comp.edit_similarity(p, it.target) for p, it in zip(preds, items, strict=True)])
     rows = pl.DataFrame({"item_id": [it.item_id for it in items], "cluster": [it.cluster for it in items],

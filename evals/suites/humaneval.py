@@ -37,25 +37,26 @@ def humaneval_pool(cfg: EvalConfig) -> JudgePool:
 
 
 def humaneval_samples(m: EvalModel, problems: dict[str, ExecProblem], cfg: EvalConfig) -> list[dict]:
-    """Greedy (mode=greedy) and sampled (mode=sampled) completions, generation kept apart from execution."""
-    from codemill.evals.generate import SamplingParams, generate
+    """Greedy (mode=greedy) and sampled (mode=sampled) completions from the sampling engine RL uses, generation
+    kept apart from execution. A problem's samples are seeded by the eval seed and its task id, so they do not
+    depend on the batching or on the other problems."""
+    from codemill.models.engines import RolloutParams, derive_seed
 
     h = cfg.humaneval
+    engine = m.engine(h.batch_size, h.context_len)
     out: list[dict] = []
-    base = SamplingParams(max_new_tokens=h.max_new_tokens, stop=he.STOP_SEQUENCES)
     ids = list(problems)
+    prompts = [problems[t].prompt for t in ids]
     if h.greedy:
-        texts = generate(m.model, m.tokenizer, [problems[t].prompt for t in ids], base, batch_size=h.batch_size,
-                         max_context=h.context_len, device=m.device, seed=cfg.seed)
-        out += [{"task_id": t, "completion": c, "mode": "greedy"} for t, c in zip(ids, texts, strict=True)]
+        greedy = RolloutParams(temperature=0, max_new_tokens=h.max_new_tokens, stop=tuple(he.STOP_SEQUENCES))
+        done = engine.generate(prompts, 1, greedy, [0] * len(ids))
+        out += [{"task_id": t, "completion": cs[0].text, "mode": "greedy"} for t, cs in zip(ids, done, strict=True)]
     if h.n_samples:
-        sampled = SamplingParams(max_new_tokens=h.max_new_tokens, temperature=h.temperature, top_p=h.top_p,
-                                 stop=he.STOP_SEQUENCES)
-        prompts = [problems[t].prompt for t in ids for _ in range(h.n_samples)]
-        texts = generate(m.model, m.tokenizer, prompts, sampled, batch_size=h.batch_size,
-                         max_context=h.context_len, device=m.device, seed=cfg.seed + 1)
-        owners = [t for t in ids for _ in range(h.n_samples)]
-        out += [{"task_id": t, "completion": c, "mode": "sampled"} for t, c in zip(owners, texts, strict=True)]
+        sampled = RolloutParams(temperature=h.temperature, top_p=h.top_p, max_new_tokens=h.max_new_tokens,
+                                stop=tuple(he.STOP_SEQUENCES))
+        done = engine.generate(prompts, h.n_samples, sampled, [derive_seed("humaneval", cfg.seed, t) for t in ids])
+        out += [{"task_id": t, "completion": c.text, "mode": "sampled"} for t, cs in zip(ids, done, strict=True)
+                for c in cs]
     return out
 
 
@@ -146,6 +147,12 @@ def item_scores(rows: pl.DataFrame) -> dict[str, ItemScores]:
     return out
 
 
+def plan_config(cfg: EvalConfig) -> dict[str, Any]:
+    """Sampled completions (pass@k) come from the engine's per-problem seeds: a digest of their own. Greedy ones
+    are the same tokens as before the engine, so a greedy-only evaluation keeps its digest."""
+    return {"sampler": "engine-v1"} if cfg.humaneval.n_samples else {}
+
+
 SUITE = Suite("humaneval", he.HUMANEVAL_CODE_VERSION, "humaneval", run, item_scores, (PASS_AT_1, PLUS_PASS_AT_1),
-              logged=(SAMPLED_PREFIX, "plus_only_failures"),
+              logged=(SAMPLED_PREFIX, "plus_only_failures"), plan_config=plan_config,
               uses_sandbox=lambda cfg: not cfg.humaneval.unsafe_no_sandbox or cfg.humaneval.plus)

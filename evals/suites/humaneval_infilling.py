@@ -42,7 +42,7 @@ def skip_reason(m: EvalModel) -> str | None:
 def infill(m: EvalModel, tasks: list[inf.InfillTask], cfg: EvalConfig) -> list[str]:
     """The greedy middle of every task: its FIM prompt at the id level, generation until EOS, a FIM sentinel
     or ``max_new_tokens``. Prompts go through generation shortest first (less padding), answers in task order."""
-    from codemill.evals.generate import SamplingParams, generate_ids
+    from codemill.models.engines import RolloutParams
 
     h, tok = cfg.humaneval_infilling, m.tokenizer
     ids = inf.fim_ids(tok.get_vocab())
@@ -55,12 +55,14 @@ def infill(m: EvalModel, tasks: list[inf.InfillTask], cfg: EvalConfig) -> list[s
     prompts = [inf.fim_prompt(encode, ids, t.prefix, t.suffix, h.mode, h.context_len - h.max_new_tokens)
                for t in tasks]
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
-    stops = [tok.eos_token_id, ids.prefix, ids.middle, ids.suffix]
-    new = generate_ids(m.model, [prompts[i] for i in order], SamplingParams(max_new_tokens=h.max_new_tokens),
-                       stop_ids=stops, pad_id=tok.pad_token_id, batch_size=h.batch_size, device=m.device,
-                       seed=cfg.seed)
+    stops = (tok.eos_token_id, ids.prefix, ids.middle, ids.suffix)
+    greedy = RolloutParams(temperature=0, max_new_tokens=h.max_new_tokens, stop_token_ids=stops)
+    done = m.engine(h.batch_size, h.context_len).generate_ids([prompts[i] for i in order], 1, greedy,
+                                                              [0] * len(order))
     out = [""] * len(tasks)
-    for i, row in zip(order, new, strict=True):
+    for i, cs in zip(order, done, strict=True):
+        row = cs[0].completion_ids
+        row = row[:-1] if row and row[-1] in stops else row  # the middle ends before its stop token
         out[i] = str(tok.decode(row, skip_special_tokens=True, clean_up_tokenization_spaces=False))
     return out
 

@@ -1,4 +1,4 @@
-"""The latency suite on a tiny HF model: what is timed, that the timed loop decodes what ``generate`` decodes,
+"""The latency suite on a tiny HF model: what is timed, that the timed loop decodes what the engine decodes,
 and that a rerun on the same machine is a cache hit. No timing thresholds: only that the numbers are sane."""
 
 from __future__ import annotations
@@ -46,10 +46,10 @@ def test_latency_suite_times_the_tokens_generate_would_decode_and_caches_per_mac
 
     from codemill.evals import latency as lat
     from codemill.evals import suites
-    from codemill.evals.generate import SamplingParams, generate
     from codemill.evals.suites.base import load_eval_model
     from codemill.flows.evaluate import evaluate
     from codemill.flows.pipeline import pipeline
+    from codemill.models.engines import RolloutParams
 
     cfg = _config(small_corpus, tmp_path)
     hf = make_policy(tmp_path / "policy")
@@ -82,17 +82,17 @@ def test_latency_suite_times_the_tokens_generate_would_decode_and_caches_per_mac
     assert manifest.config["machine"] == stats["machine"] == lat.machine_identity(lc.label, lc.threads)
     assert stage["summary"]["device"] == "cpu"
 
-    # the timed loop decodes greedily what generate decodes (no stop: the same number of tokens)
+    # the timed loop decodes greedily what the evaluation engine decodes (no stop: the same number of tokens)
     m = load_eval_model(hf)
     items = {it.item_id: it for it in _items(cfg, store.local_path(ArtifactRef.model_validate(
         ingested["stages"]["ingest"]["ref"])))}
     prompts = [items[i].prefix for i in rows["item_id"].to_list()]
-    texts = generate(m.model, m.tokenizer, prompts, SamplingParams(max_new_tokens=NEW_TOKENS), batch_size=1,
-                     max_context=cfg.evaluate.completion.context_len, device=m.device)
+    done = m.engine(1, cfg.evaluate.completion.context_len).generate(
+        prompts, 1, RolloutParams(temperature=0, max_new_tokens=NEW_TOKENS), [0] * len(prompts))
     eos = m.tokenizer.eos_token_id
-    for ids, text in zip(rows["output_ids"].to_list(), texts, strict=True):
-        upto_eos = ids[: ids.index(eos)] if eos in ids else ids  # generate stops at EOS; the probe does not
-        assert m.tokenizer.decode(upto_eos, skip_special_tokens=True) == text
+    for ids, cs in zip(rows["output_ids"].to_list(), done, strict=True):
+        upto_eos = ids[: ids.index(eos) + 1] if eos in ids else ids  # the engine stops at EOS; the probe does not
+        assert upto_eos == cs[0].completion_ids
 
     # warm-up runs happen but are not timed
     counting = CountingProbe(lat.HFLatencyProbe(m.model, m.device))

@@ -4,7 +4,6 @@ import numpy as np
 import pytest
 
 from codemill.evals.gate import GateMetric, ItemScores, gate, markdown_report
-from codemill.evals.generate import truncate_at
 from codemill.evals.humaneval import STOP_SEQUENCES, pass_at_k
 from codemill.evals.stats import (
     bootstrap_ratio_ci,
@@ -15,6 +14,7 @@ from codemill.evals.stats import (
     paired_difference,
     ratio_estimate_se,
 )
+from codemill.models.engines import truncate_at_stop
 
 
 def test_pass_at_k_matches_combinatorial_definition():
@@ -26,9 +26,9 @@ def test_pass_at_k_matches_combinatorial_definition():
 
 
 def test_truncate_at_first_stop_sequence():
-    assert truncate_at("    return x\n\ndef g():\n    pass", STOP_SEQUENCES) == "    return x\n"
-    assert truncate_at("    return 1\n# comment\nif x:", STOP_SEQUENCES) == "    return 1"
-    assert truncate_at("    return 1", STOP_SEQUENCES) == "    return 1"
+    assert truncate_at_stop("    return x\n\ndef g():\n    pass", STOP_SEQUENCES) == ("    return x\n", True)
+    assert truncate_at_stop("    return 1\n# comment\nif x:", STOP_SEQUENCES) == ("    return 1", True)
+    assert truncate_at_stop("    return 1", STOP_SEQUENCES) == ("    return 1", False)
 
 
 def test_ratio_se_equals_classic_se_of_mean_without_clusters():

@@ -14,7 +14,6 @@ from codemill.data import fim
 from codemill.data.tokenizer import EOS_TOKEN, FIM_TOKENS, PAD_TOKEN, train_bpe
 from codemill.evals import infilling as inf
 from codemill.evals import suites
-from codemill.evals.generate import cut_at_ids
 from codemill.evals.humaneval import load_problems
 from codemill.evals.suites import humaneval_infilling as hi
 from codemill.evals.suites.base import EvalModel, SuiteRun
@@ -123,12 +122,6 @@ def test_the_context_must_leave_room_for_a_prompt():
     with pytest.raises(ValueError, match="leaves no room for a prompt"):
         EvalConfig(humaneval_infilling={"max_new_tokens": 64, "context_len": 70})
     assert EvalConfig(humaneval_infilling={"max_new_tokens": 64, "context_len": 80}).humaneval_infilling
-
-
-def test_generation_stops_at_the_first_stop_id():
-    assert cut_at_ids([5, 6, 2, 7, 1], [1, 2]) == [5, 6]
-    assert cut_at_ids([5, 6], [1]) == [5, 6]
-    assert cut_at_ids([1, 5], [1]) == []
 
 
 class _NoModel:

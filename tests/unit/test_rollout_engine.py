@@ -115,6 +115,32 @@ def test_finish_reasons_length_and_eos(engine):
     assert "eos" in reasons  # the untrained tiny model ends some samples with EOS at this temperature
 
 
+def test_stop_token_ids_end_a_sample_and_token_in_equals_text_in(policy, engine):
+    """A stop token ends its sample (kept as its last id, finish_reason stop); generate_ids on the encoded prompts
+    samples what generate samples; an in-memory engine (the evaluations') samples what a folder's engine does."""
+    params = RolloutParams(temperature=1.3, max_new_tokens=12)
+    free = _flat(engine.generate(PROMPTS, 4, params, SEEDS))
+    stop_id = next(t for c in free if c.finish_reason == "length" for t in c.completion_ids[2:5])
+    stopped = _flat(engine.generate(PROMPTS, 4, RolloutParams(temperature=1.3, max_new_tokens=12,
+                                                              stop_token_ids=(stop_id,)), SEEDS))
+    hits = 0
+    for a, b in zip(free, stopped, strict=True):
+        if stop_id in a.completion_ids and (0 not in a.completion_ids
+                                            or a.completion_ids.index(stop_id) < a.completion_ids.index(0)):
+            hits += 1
+            assert b.finish_reason == "stop" and b.completion_ids == a.completion_ids[:a.completion_ids.index(
+                stop_id) + 1]
+        else:
+            assert b.completion_ids == a.completion_ids
+    assert hits >= 1
+    encoded = [engine.encode(p, 12) for p in PROMPTS]
+    assert engine.generate_ids(encoded, 4, params, SEEDS) == engine.generate(PROMPTS, 4, params, SEEDS)
+    in_memory = HFEngine.from_model(engine.model, engine.tokenizer, max_context=engine.max_context)
+    assert in_memory.generate(PROMPTS, 4, params, SEEDS) == engine.generate(PROMPTS, 4, params, SEEDS)
+    with pytest.raises(ValueError, match="exceeds the engine's context"):
+        engine.generate_ids([[1] * engine.max_context], 1, params, [0])
+
+
 def test_samples_do_not_depend_on_batching(policy, engine):
     """A prompt's samples depend on its seed only: the same whether it shares a forward pass with other prompts,
     runs alone, or runs in a smaller chunk of rows; another seed gives other samples."""
