@@ -14,10 +14,9 @@ import os
 import shutil
 import sys
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -32,10 +31,9 @@ from codemill.metrics.training import count_step, record_checkpoint_commit, reco
 from codemill.models import parallel
 from codemill.models.batches import Batches, held_out_rows, model_inputs
 from codemill.models.build import build_model, count_parameters, load_pretrained, use_attention
-from codemill.models.checkpoint import Checkpointer, committed_steps
 from codemill.models.common import STACK_DUMP_ENV, emit, full_state_dict, param_groups, run_rank, start_rank
+from codemill.models.core import Optimization, TrainingCore
 from codemill.models.flops import flops_per_token, mfu, peak_flops
-from codemill.models.schedule import lr_multiplier
 
 if TYPE_CHECKING:
     from codemill.lineage import Lineage
@@ -194,13 +192,11 @@ class Trainer:
     def __init__(self, spec: TrainSpec) -> None:
         self.spec = spec
         self.cfg = cfg = spec.train
-        self.d = d = parallel.setup(cfg.device)
-        if cfg.device != "cuda" and d.device.type == "cpu":
-            torch.use_deterministic_algorithms(True, warn_only=True)
-        self.ckpt = Checkpointer(Path(spec.ckpt_dir), d.rank, cfg.keep_checkpoints, d.barrier,
-                                 async_save=cfg.async_checkpoint and d.device.type == "cuda",
-                                 on_commit=self._committed)
-        self.ckpt.open()  # one trainer per checkpoint directory; clears what a killed run left uncommitted
+        self.core = core = TrainingCore.start(cfg.device)
+        self.d = d = core.d
+        self.ckpt = core.open_checkpoints(spec.ckpt_dir, cfg.keep_checkpoints,
+                                          async_save=cfg.async_checkpoint and d.device.type == "cuda",
+                                          on_commit=self._committed)
         self.model = make_model(spec).to(d.device)
         self.attention = use_attention(self.model, d.device, cfg.document_masking)  # flex_attention | sdpa
         self.batches = Batches(Path(spec.tokens_dir), cfg, d, self.attention)
@@ -209,15 +205,10 @@ class Trainer:
         self.flops_per_token = flops_per_token(self.n_params, mcfg.num_hidden_layers, mcfg.num_attention_heads,
                                                mcfg.hidden_size // mcfg.num_attention_heads, spec.seq_len)
         self.peak = peak_flops(torch.cuda.get_device_name(d.device)) if d.device.type == "cuda" else None
-        module = parallel.wrap(self.model, cfg.parallelism, d, bf16=cfg.dtype == "bfloat16")
-        self.module = cast(torch.nn.Module, torch.compile(module)) if cfg.compile else module
-        self.opt = torch.optim.AdamW(param_groups(self.model, cfg.weight_decay), lr=cfg.lr,
-                                     betas=(cfg.beta1, cfg.beta2), fused=d.device.type == "cuda")
-        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: lr_multiplier(
-            cfg.schedule, s, warmup=cfg.warmup_steps, total=cfg.max_steps, min_ratio=cfg.min_lr_ratio,
-            decay_fraction=cfg.decay_fraction))
-        self.autocast = (torch.autocast(d.device.type, dtype=torch.bfloat16)
-                         if cfg.dtype == "bfloat16" and cfg.parallelism == "ddp" else nullcontext())
+        core.attach(self.model, cfg.parallelism, cfg.dtype, Optimization(
+            cfg.lr, cfg.beta1, cfg.beta2, cfg.weight_decay, cfg.schedule, cfg.warmup_steps, cfg.max_steps,
+            cfg.min_lr_ratio, cfg.decay_fraction), compile=cfg.compile)
+        self.module, self.opt, self.sched, self.autocast = core.module, core.opt, core.sched, core.autocast
 
         self.val_rows = held_out_rows(Path(spec.tokens_dir).parent / "val", cfg.val_sequences, d)
         self.state = self.resume()
@@ -234,10 +225,10 @@ class Trainer:
 
     def resume(self) -> TrainState:
         """The last committed checkpoint's state (weights, optimizer, scheduler and RNG restored in place)."""
-        steps = committed_steps(self.ckpt.root)
-        if not steps:
+        saved = self.core.resume()
+        if saved is None:
             return TrainState()
-        state = TrainState.restore(self.ckpt.load(steps[-1], self.model, self.opt, self.sched))
+        state = TrainState.restore(saved)
         self.ckpt.protected = state.best_step
         if self.d.rank == 0:
             emit("resumed", step=state.step)
@@ -268,9 +259,7 @@ class Trainer:
         """One optimizer step; records the loss averaged over ranks and returns the (pre-clip) grad norm."""
         self.opt.zero_grad(set_to_none=True)
         loss = self.forward_backward(step)
-        grad_norm = parallel.as_float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip))
-        self.opt.step()
-        self.sched.step()
+        grad_norm = self.core.step(self.cfg.grad_clip)
         if self.d.distributed:
             dist.all_reduce(loss, op=dist.ReduceOp.SUM)
             loss /= self.d.world
@@ -305,7 +294,7 @@ class Trainer:
             return
         self.validate()
         self.saving[done] = time.perf_counter()
-        self.ckpt.save(done, self.model, self.opt, self.sched, self.state.snapshot())
+        self.core.save(done, self.state.snapshot())
 
     def validate(self) -> None:
         """The held-out loss at this step (when there are held-out rows); the best step survives pruning."""

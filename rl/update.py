@@ -40,7 +40,6 @@ import os
 import shutil
 import sys
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,8 +55,8 @@ from codemill.metrics.training import count_step, record_step
 from codemill.models import parallel
 from codemill.models.build import load_pretrained
 from codemill.models.checkpoint import Checkpointer, committed_steps, step_dir
-from codemill.models.common import emit, full_state_dict, param_groups, run_rank, start_rank
-from codemill.models.schedule import lr_multiplier
+from codemill.models.common import emit, full_state_dict, run_rank, start_rank
+from codemill.models.core import Optimization, TrainingCore
 from codemill.rl.algorithms.grpo import (
     SUM_KEYS,
     MicroBatch,
@@ -259,9 +258,8 @@ class GRPOUpdate:
         self.spec, self.cfg = spec, spec.grpo
         cfg = self.cfg
         self.started = time.perf_counter()
-        self.d = d = parallel.setup(cfg.device)
-        if cfg.device != "cuda" and d.device.type == "cpu":
-            torch.use_deterministic_algorithms(True, warn_only=True)
+        self.core = TrainingCore.start(cfg.device)
+        self.d = d = self.core.d
         self.plan = plan_update(read_rollouts(Path(spec.rollouts_path)), cfg, spec.max_new_tokens)
         per_step = d.world * cfg.micro_batch_size * cfg.grad_accum
         self.order = SampleOrder(len(self.plan.samples), cfg.seed, per_step, cfg.epochs)
@@ -284,8 +282,7 @@ class GRPOUpdate:
                 emit("step", **record)
             done = step + 1
             if done % self.cfg.checkpoint_every == 0 and done < self.order.total_steps:
-                self.ckpt.save(done, self.model, self.opt, self.sched,
-                               {"history": list(self.history), "fingerprint": self.fp})
+                self.core.save(done, {"history": list(self.history), "fingerprint": self.fp})
         return self.finish()
 
     def skip(self) -> dict[str, Any]:
@@ -316,8 +313,7 @@ class GRPOUpdate:
     def setup_training(self) -> None:
         cfg, d, spec = self.cfg, self.d, self.spec
         self.fp = fingerprint(spec, d.world)
-        self.ckpt = Checkpointer(Path(spec.ckpt_dir), d.rank, cfg.keep_checkpoints, d.barrier)
-        self.ckpt.open()  # one update per checkpoint directory; clears what a killed run left uncommitted
+        self.ckpt = self.core.open_checkpoints(spec.ckpt_dir, cfg.keep_checkpoints)
         bf16 = cfg.dtype == "bfloat16"
         model: Any = load_pretrained(spec.policy_dir, seed=cfg.seed)
         self.model = model.to(d.device)
@@ -325,20 +321,17 @@ class GRPOUpdate:
         mcfg = model.config
         pad = mcfg.pad_token_id if mcfg.pad_token_id is not None else mcfg.eos_token_id
         self.pad_id = int(pad[0] if isinstance(pad, list) else pad or 0)
-        self.module = parallel.wrap(self.model, cfg.parallelism, d, bf16=bf16)
+        total = self.order.total_steps
+        self.core.attach(self.model, cfg.parallelism, cfg.dtype, Optimization(  # constant lr after the warmup
+            cfg.lr, cfg.beta1, cfg.beta2, cfg.weight_decay, "wsd", cfg.warmup_steps, total, min_lr_ratio=1.0))
+        self.module, self.opt, self.sched, self.autocast = (self.core.module, self.core.opt, self.core.sched,
+                                                            self.core.autocast)
         self.ref: torch.nn.Module | None = None
         if spec.reference_dir is not None:
             ref = load_pretrained(spec.reference_dir, seed=cfg.seed).to(d.device).eval()
             for p in ref.parameters():
                 p.requires_grad_(False)
             self.ref = parallel.wrap(ref, "fsdp", d, bf16=bf16) if cfg.parallelism == "fsdp" else ref
-        self.opt = torch.optim.AdamW(param_groups(self.model, cfg.weight_decay), lr=cfg.lr,
-                                     betas=(cfg.beta1, cfg.beta2), fused=d.device.type == "cuda")
-        total = self.order.total_steps
-        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: lr_multiplier(
-            "wsd", s, warmup=cfg.warmup_steps, total=total, min_ratio=1.0))  # constant after the warmup
-        self.autocast = (torch.autocast(d.device.type, dtype=torch.bfloat16)
-                         if bf16 and cfg.parallelism == "ddp" else nullcontext())
         self.continue_optimizer()
         self.resume()
         if d.rank == 0:
@@ -380,10 +373,9 @@ class GRPOUpdate:
 
     def resume(self) -> None:
         """The last committed checkpoint's state (weights, optimizer, scheduler and RNG restored in place)."""
-        steps = committed_steps(self.ckpt.root)
-        if not steps:
+        saved = self.core.resume()
+        if saved is None:
             return
-        saved = self.ckpt.load(steps[-1], self.model, self.opt, self.sched)
         if saved.get("fingerprint") != self.fp:
             raise RuntimeError(f"{self.ckpt.root} holds a checkpoint of a different update (other rollouts, config "
                                "or world size); refusing to resume it. Delete the directory to start over.")
@@ -436,10 +428,8 @@ class GRPOUpdate:
             r_lo, r_hi = ratio_extremes(terms, batch.mask)
             if batch.mask.sum() > 0:
                 lo, hi = min(lo, r_lo), max(hi, r_hi)
-        grad_norm = parallel.as_float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip))
-        lr = float(self.sched.get_last_lr()[0])
-        self.opt.step()
-        self.sched.step()
+        lr = float(self.sched.get_last_lr()[0])  # the step's own rate, before the schedule moves on
+        grad_norm = self.core.step(cfg.grad_clip)
         extremes = torch.tensor([-lo, hi], dtype=torch.float64)
         if d.distributed:  # on the process group's device (nccl reduces CUDA tensors only)
             sums, extremes = sums.to(d.device), extremes.to(d.device)
