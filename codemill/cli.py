@@ -15,7 +15,16 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TaskID, TextColumn
 from rich.table import Table
 
 from codemill import progress
-from codemill.config import ConfigError, PipelineConfig, SourceConfig, SuiteName, load_config, load_preset, preset_names
+from codemill.config import (
+    ConfigError,
+    PipelineConfig,
+    SourceConfig,
+    SuiteName,
+    algorithm_names,
+    load_config,
+    load_preset,
+    preset_names,
+)
 
 app = typer.Typer(help="codemill: code corpus -> tokens -> checkpoints -> evaluated models.",
                   no_args_is_help=True, add_completion=False)
@@ -311,6 +320,8 @@ def rl(config: ConfigOpt = None, preset: PresetOpt = None, store: StoreOpt = Non
     or rejection-sampling fine-tuning), then the held-out pass rate before/after, the evaluation and the gate."""
     cfg = build_config(config, preset, None, store)
     overrides: dict[str, Any] = {} if iterations is None else {"iterations": iterations}
+    if algorithm is not None and algorithm not in algorithm_names():
+        _fail([f"--algorithm: {algorithm!r} is not an RL algorithm (one of {', '.join(algorithm_names())})"])
     if algorithm is not None:  # the configured settings when it names the same rule, else that rule's defaults
         overrides["algorithm"] = cfg.rl.algorithm.model_dump() if cfg.rl.algorithm.name == algorithm \
             else {"name": algorithm}

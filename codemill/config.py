@@ -626,6 +626,11 @@ class RFTConfig(FinetuneConfig):
 AlgorithmConfig = Annotated[GRPOConfig | RFTConfig, Field(discriminator="name")]
 
 
+def algorithm_names() -> list[str]:
+    """The names ``rl.algorithm`` accepts, from the union itself."""
+    return [m.model_fields["name"].default for m in get_args(get_args(AlgorithmConfig)[0])]
+
+
 class RLConfig(StageConfig):
     """RL for code: iterations of rollout -> sandboxed reward -> update (`codemill rl`)."""
 

@@ -56,6 +56,18 @@ def test_wrong_type(tmp_path):
                      "integer; got 'many'"]
 
 
+def test_an_unknown_rl_algorithm_in_one_line():
+    lines = _error_lines(_invoke(["rl", "--algorithm", "ppo"]))
+    assert lines == ["error: --algorithm: 'ppo' is not an RL algorithm (one of grpo, rft)"]
+
+
+def test_a_multi_turn_environment_with_rejection_sampling_in_one_line(tmp_path):
+    p = tmp_path / "my.yaml"
+    p.write_text("rl:\n  algorithm: {name: rft}\n  env: {kind: code_feedback}\n")
+    lines = _error_lines(_invoke(["rl", "--config", str(p)]))
+    assert len(lines) == 1 and "algorithm rft needs a single-turn environment" in lines[0], lines
+
+
 def test_config_file_that_does_not_exist(tmp_path):
     p = tmp_path / "nothere.yaml"
     assert _error_lines(_invoke(["run", "--config", str(p)])) == [f"error: {p}: config file not found"]
