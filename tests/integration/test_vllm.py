@@ -146,7 +146,7 @@ def test_a_grpo_flow_samples_with_vllm(tmp_path, vllm_python):
     cfg = rl_config(tmp_path, iterations=1, heldout_samples=2,
                     rollout={"problems_per_iteration": 3, "samples_per_problem": 2, "max_new_tokens": 8,
                              "workers": 1, "engine": "vllm", "vllm": {"dtype": "float32", "enforce_eager": True}},
-                    grpo={"micro_batch_size": 8, "nproc_per_node": 1, "device": "cpu", "lr": 1e-4})
+                    algorithm={"name": "grpo", "micro_batch_size": 8, "nproc_per_node": 1, "device": "cpu", "lr": 1e-4})
     data = json.loads(cfg.model_dump_json())
     data["problems"]["sources"][0]["count"] = 15  # 13 train, 2 held-out problems
     config = tmp_path / "rl.yaml"
