@@ -20,6 +20,7 @@ from codemill.config import (
     PipelineConfig,
     SourceConfig,
     SuiteName,
+    algorithm_fields,
     algorithm_names,
     load_config,
     load_preset,
@@ -322,14 +323,15 @@ def rl(config: ConfigOpt = None, preset: PresetOpt = None, store: StoreOpt = Non
     overrides: dict[str, Any] = {} if iterations is None else {"iterations": iterations}
     if algorithm is not None and algorithm not in algorithm_names():
         _fail([f"--algorithm: {algorithm!r} is not an RL algorithm (one of {', '.join(algorithm_names())})"])
-    if algorithm is not None:  # the configured settings when it names the same rule, else that rule's defaults
-        overrides["algorithm"] = cfg.rl.algorithm.model_dump() if cfg.rl.algorithm.name == algorithm \
-            else {"name": algorithm}
-    if overrides:
+    if algorithm is not None and algorithm != cfg.rl.algorithm.name:  # that rule's defaults, sampling as configured
+        fields = algorithm_fields(algorithm)  # a rule that scores tokens at a temperature takes the rollout's
+        overrides["algorithm"] = {"name": algorithm, **({"temperature": cfg.rl.rollout.temperature}
+                                                        if "temperature" in fields else {})}
+    for option, value in overrides.items():  # one at a time: an error names the option that caused it
         try:
-            cfg = cfg.model_copy(update={"rl": cfg.rl.model_validate({**cfg.rl.model_dump(), **overrides})})
+            cfg = cfg.model_copy(update={"rl": cfg.rl.model_validate({**cfg.rl.model_dump(), option: value})})
         except ValueError as e:
-            _fail([f"--{next(iter(overrides))}: {e}"])
+            _fail([f"--{option}: {' '.join(str(e).split())}"])
 
     def start():
         from codemill.flows.rl import rl as rl_flow

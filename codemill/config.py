@@ -631,6 +631,12 @@ def algorithm_names() -> list[str]:
     return [m.model_fields["name"].default for m in get_args(get_args(AlgorithmConfig)[0])]
 
 
+def algorithm_fields(name: str) -> list[str]:
+    """The fields of the rule ``name``'s config."""
+    return next(list(m.model_fields) for m in get_args(get_args(AlgorithmConfig)[0])
+                if m.model_fields["name"].default == name)
+
+
 class RLConfig(StageConfig):
     """RL for code: iterations of rollout -> sandboxed reward -> update (`codemill rl`)."""
 

@@ -26,7 +26,7 @@ from codemill.sandbox.judge_pool import JudgePool
 from codemill.sandbox.rewards import score
 
 STOP_SEQUENCES = ("\ndef", "\nclass", "\nif", "\nprint", "\n#")
-HUMANEVAL_CODE_VERSION = "humaneval-v2"  # v2: verdicts from the judge harness, not the candidate's process
+HUMANEVAL_CODE_VERSION = "humaneval-v3"  # v2: verdicts from the judge harness; v3: the sampling engine generates
 
 
 @dataclass(frozen=True)

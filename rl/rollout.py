@@ -33,6 +33,9 @@ from codemill.sandbox.judge_pool import JudgePool
 from codemill.sandbox.rewards import Reward, score
 
 RETRY_KINDS = ("no_verdict", "judge_error")  # the host got no verdict from the judge: judge again
+# Batches generated and not yet settled: one being stepped and one waiting. More would only queue steps, and an
+# episode's wall clock (from its batch's start) would run while it waits in the queue.
+MAX_BATCHES_IN_FLIGHT = 2
 
 
 def prompt_seed(seed: int, group: int) -> int:
@@ -259,7 +262,8 @@ def collect_rollouts(engine: RolloutEngine, env: Environment, problems: Sequence
 
     running: list[_Batch] = []
     next_batch = 0
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="codemill-rewards") as stepper:
+    stepper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="codemill-rewards")
+    try:
         while next_batch < len(batches) or running:
             ready = [b for b in running if b.step is not None and b.step.done()]
             if ready:
@@ -271,13 +275,18 @@ def collect_rollouts(engine: RolloutEngine, env: Environment, problems: Sequence
                         on_batch(finished, len(batches))
                 else:
                     generate(batch)
-            elif next_batch < len(batches) and (overlap or not running):
+            elif next_batch < len(batches) and (not running or overlap and len(running) < MAX_BATCHES_IN_FLIGHT):
                 running.append(start(next_batch))
                 next_batch += 1
             else:
                 t0 = time.monotonic()
                 wait([b.step for b in running if b.step is not None], return_when=FIRST_COMPLETED)
                 timings.reward_wait_s += time.monotonic() - t0
+    except BaseException:
+        m.rollout_samples_in_flight.dec(sum(len(b.episodes) for b in running))
+        raise
+    finally:
+        stepper.shutdown(wait=True, cancel_futures=True)  # a failure does not wait for the queued steps
     timings.batches = len(batches)
     timings.wall_s = time.monotonic() - t_start
     rows.sort(key=lambda r: (r["group"], r["sample"]))

@@ -12,6 +12,7 @@ single-turn table with ``turns`` 1. ``completion`` is the text of the last turn 
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -102,6 +103,27 @@ def read_rollouts(path: str | Path) -> pa.Table:
     return table
 
 
+def _turns_fit(starts: list[int], turns: int, rewards: list[float], mask: list[int]) -> bool:
+    """``turns`` sampled turns starting at ``starts`` (the first at 0, increasing, each on a sampled token), one
+    reward per turn, and every sampled token inside a turn: after a turn's observed tokens come only more
+    observed tokens until the next turn starts."""
+    if turns < 1 or len(starts) != turns or len(rewards) != turns or starts[0] != 0:
+        return False
+    if any(b <= a for a, b in zip(starts, starts[1:], strict=False)):
+        return False
+    if not mask:
+        return turns == 1
+    if any(s >= len(mask) or mask[s] != 1 for s in starts):
+        return False
+    ends = [*starts[1:], len(mask)]
+    for s, e in zip(starts, ends, strict=True):
+        sampled = mask[s:e]
+        first_observed = sampled.index(0) if 0 in sampled else len(sampled)
+        if any(sampled[first_observed:]):
+            return False
+    return True
+
+
 def _check(table: pa.Table) -> list[str]:
     problems = []
     want = {f.name: f.type for f in ROLLOUT_SCHEMA}
@@ -122,7 +144,7 @@ def _check(table: pa.Table) -> list[str]:
         problems.append(f"null values in {nulls}")
         return problems
     cols = table.select(["group", "sample", "completion_ids", "loss_mask", "logprobs", "turn_starts", "turns",
-                         "turn_rewards", "finish_reason"]).to_pydict()
+                         "turn_rewards", "reward", "finish_reason"]).to_pydict()
     keys = list(zip(cols["group"], cols["sample"], strict=True))
     if any(b <= a for a, b in zip(keys, keys[1:], strict=False)):
         problems.append("rows are not sorted by (group, sample) without duplicates")
@@ -130,14 +152,21 @@ def _check(table: pa.Table) -> list[str]:
                                                           strict=True)) if not len(ids) == len(lps) == len(mask)]
     if bad_len:
         problems.append(f"rows {bad_len[:5]} do not have one log-prob and one loss-mask value per completion token")
+    bad_mask = [i for i, mask in enumerate(cols["loss_mask"]) if any(m not in (0, 1) for m in mask)]
+    if bad_mask:
+        problems.append(f"rows {bad_mask[:5]} have loss_mask values other than 0 and 1")
     bad_turns = [i for i, (starts, turns, rewards, mask) in enumerate(zip(
         cols["turn_starts"], cols["turns"], cols["turn_rewards"], cols["loss_mask"], strict=True))
-        if len(starts) != turns or turns < 1 or not 1 <= len(rewards) <= turns
-        or any(s >= len(mask) or mask[s] != 1 for s in starts if len(mask))
-        or any(b <= a for a, b in zip(starts, starts[1:], strict=False))]
+        if not _turns_fit(starts, turns, rewards, mask)]
     if bad_turns:
         problems.append(f"rows {bad_turns[:5]} have turn_starts/turns/turn_rewards that do not describe their "
                         "sampled turns")
+    bad_reward = [i for i, (reward, rewards, reason) in enumerate(zip(
+        cols["reward"], cols["turn_rewards"], cols["finish_reason"], strict=True))
+        if not math.isclose(reward, 0.0 if reason in CUT_REASONS else sum(rewards), rel_tol=1e-9, abs_tol=1e-12)]
+    if bad_reward:
+        problems.append(f"rows {bad_reward[:5]} have a reward that is not the sum of their turn_rewards (0 for an "
+                        "episode cut on a limit)")
     reasons = sorted({r for r in cols["finish_reason"] if r not in EPISODE_FINISH_REASONS}, key=str)
     if reasons:
         problems.append(f"unknown finish_reason values {reasons[:5]} (expected one of "

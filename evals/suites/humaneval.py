@@ -147,12 +147,6 @@ def item_scores(rows: pl.DataFrame) -> dict[str, ItemScores]:
     return out
 
 
-def plan_config(cfg: EvalConfig) -> dict[str, Any]:
-    """Sampled completions (pass@k) come from the engine's per-problem seeds: a digest of their own. Greedy ones
-    are the same tokens as before the engine, so a greedy-only evaluation keeps its digest."""
-    return {"sampler": "engine-v1"} if cfg.humaneval.n_samples else {}
-
-
 SUITE = Suite("humaneval", he.HUMANEVAL_CODE_VERSION, "humaneval", run, item_scores, (PASS_AT_1, PLUS_PASS_AT_1),
-              logged=(SAMPLED_PREFIX, "plus_only_failures"), plan_config=plan_config,
+              logged=(SAMPLED_PREFIX, "plus_only_failures"),
               uses_sandbox=lambda cfg: not cfg.humaneval.unsafe_no_sandbox or cfg.humaneval.plus)

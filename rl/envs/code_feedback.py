@@ -5,8 +5,10 @@ sandbox: if one fails and turns remain, it answers with the failures in a fixed 
 and the policy writes the function anew (the next turn continues from exactly the tokens sampled and observed
 so far). The episode ends when every visible case passes, or at the last turn (``max_turns``); its reward is
 the verdict of the full tests (``tests``: the hidden ones, all of them) on the last solution, binary or partial
-as ``rl.rollout.reward`` says. With ``shaping`` > 0 each turn that got feedback also earns ``shaping`` x the
-share of visible cases it passed (``turn_rewards``; the trajectory's reward is their sum).
+as ``rl.rollout.reward`` says. With ``shaping`` > 0 each turn whose visible cases ran also earns ``shaping`` x the
+gain in the share of visible cases passed over the previous such turn (potential-based: they sum to ``shaping``
+x the last measured share, so failing on purpose never pays; ``turn_rewards``, the trajectory's reward is their
+sum). A turn after which the next one would not fit the episode's tokens is graded as the last.
 
 **Visible cases** are the first ``visible_cases`` of the problem's separate ``test_cases``, never all of them:
 at least one case stays hidden. A problem with fewer than two cases shows none, so its episode is one turn.
@@ -39,15 +41,20 @@ if TYPE_CHECKING:
 
 
 def visible_cases(task: ExecProblem, count: int) -> list[str]:
-    """The cases the policy may see: the first ``count``, leaving at least one of the problem's cases hidden."""
-    return list(task.test_cases[:max(0, min(count, len(task.test_cases) - 1))])
+    """The cases the policy may see: the first ``count`` that stand alone, leaving at least one of the problem's
+    cases hidden. A case that calls a check function (an augmented problem's ``_plus_original_check``) runs
+    the hidden tests themselves, and is never shown."""
+    standalone = [c for c in task.test_cases if "check(" not in c]
+    return standalone[:max(0, min(count, len(task.test_cases) - 1))]
 
 
 def case_check(task: ExecProblem, index: int, case: str) -> ExecProblem:
-    """One visible case as a problem of its own, judged like any reward: ``check`` runs just that case."""
+    """One visible case as a problem of its own, judged like any reward: the problem's test program (the
+    helpers its cases call) with a ``check`` that runs just that case."""
     body = "\n".join("    " + line for line in case.splitlines()) or "    pass"
-    return ExecProblem(f"{task.problem_id}#visible{index}", task.prompt, task.entry_point,
-                       f"def check(candidate):\n{body}\n", [], None, task.source, task.split_unit)
+    tests = f"{task.tests.rstrip()}\n\n\ndef check(candidate):\n{body}\n"
+    return ExecProblem(f"{task.problem_id}#visible{index}", task.prompt, task.entry_point, tests, [], None,
+                       task.source, task.split_unit)
 
 
 def _clip(text: str, limit: int) -> str:
@@ -73,40 +80,63 @@ class CodeFeedbackEnv:
         self.config, self.ctx = config, ctx
         self.limits = EpisodeLimits(max_turns=config.max_turns, max_total_tokens=config.max_total_tokens,
                                     wall_s=config.episode_wall_s)
+        self.budget = min(ctx.max_context, config.max_total_tokens or ctx.max_context)
 
     def reset(self, task: ExecProblem, seed: int) -> Reset:
-        return Reset(prompt_observation(self.ctx, task), {"visible": visible_cases(task, self.config.visible_cases)})
+        return Reset(prompt_observation(self.ctx, task), {"visible": visible_cases(task, self.config.visible_cases),
+                                                          "visible_share": 0.0})
 
     def step(self, episodes: Sequence[Episode], actions: Sequence[Completion],
              last: Sequence[bool]) -> list[StepResult]:
-        # Every judging of the step in one call: the pool runs them concurrently.
+        # The visible cases of every episode that may go on, in one judging (the pool runs them concurrently).
         checks: list[tuple[int, ExecProblem, str]] = []
         for n, (e, a, final) in enumerate(zip(episodes, actions, last, strict=True)):
             if not final:
                 checks += [(n, case_check(e.task, i, c), a.text) for i, c in enumerate(e.state["visible"])]
         visible = verdicts(self.ctx, [p for _, p, _ in checks], [t for _, _, t in checks])
-        per_episode: dict[int, list[StepInfo]] = {}
+        shown: dict[int, list[StepInfo]] = {}
         for (n, _, _), info in zip(checks, visible, strict=True):
-            per_episode.setdefault(n, []).append(info)
-        ending = [n for n, (e, final) in enumerate(zip(episodes, last, strict=True))
-                  if final or all(i.passed for i in per_episode.get(n, []))]
+            shown.setdefault(n, []).append(info)
+        feedback: dict[int, tuple[str, list[int]]] = {}
+        ending = []
+        for n, (e, final) in enumerate(zip(episodes, last, strict=True)):
+            infos = shown.get(n, [])
+            if final or all(i.passed for i in infos):
+                ending.append(n)
+                continue
+            text = feedback_text(e.state["visible"], infos, e.task.prompt, self.config.feedback_chars)
+            ids = list(self.ctx.tokenizer(text, add_special_tokens=False)["input_ids"])
+            if len(e.context) + len(ids) + self.ctx.max_new_tokens > self.budget:
+                ending.append(n)  # no room for another turn: this one is graded as the last
+            else:
+                feedback[n] = (text, ids)
+        # The full tests on the solutions that end their episodes, in a second judging.
         hidden = dict(zip(ending, verdicts(self.ctx, [episodes[n].task for n in ending],
                                            [actions[n].text for n in ending]), strict=True))
         results = []
         for n, e in enumerate(episodes):
-            shown = per_episode.get(n, [])
-            shaping = self.config.shaping * sum(i.passed for i in shown) / len(shown) if shown else 0.0
-            spent = sum(i.duration_s for i in shown)
+            infos = shown.get(n, [])
+            shaping = self._shaping(e, infos)
+            spent, rejudged = sum(i.duration_s for i in infos), sum(i.rejudged for i in infos)
             if n in hidden:
                 h = hidden[n]
                 info = StepInfo(h.outcome, h.passed, h.partial, h.suspicious, h.error, h.duration_s + spent,
-                                h.rejudged + sum(i.rejudged for i in shown))
+                                h.rejudged + rejudged)
                 results.append(StepResult([], reward_of(self.ctx, h) + shaping, True, info))
                 continue
-            text = feedback_text(e.state["visible"], shown, e.task.prompt, self.config.feedback_chars)
-            ids = list(self.ctx.tokenizer(text, add_special_tokens=False)["input_ids"])
-            suspicious = next((i.suspicious for i in shown if i.suspicious), None)
-            info = StepInfo("feedback", False, sum(i.passed for i in shown) / len(shown), suspicious, "", spent,
-                            sum(i.rejudged for i in shown))
+            text, ids = feedback[n]
+            suspicious = next((i.suspicious for i in infos if i.suspicious), None)
+            info = StepInfo("feedback", False, sum(i.passed for i in infos) / len(infos), suspicious, "", spent,
+                            rejudged)
             results.append(StepResult(ids, shaping, False, info, text))
         return results
+
+    def _shaping(self, e: Episode, infos: Sequence[StepInfo]) -> float:
+        """``shaping`` x the visible share's gain over the previous measured turn (potential-based: the terms
+        of an episode sum to ``shaping`` x its last measured share, so failing a turn on purpose never pays).
+        A turn whose visible cases did not run (the last) earns none."""
+        if not infos or not self.config.shaping:
+            return 0.0
+        share = sum(i.passed for i in infos) / len(infos)
+        gain, e.state["visible_share"] = share - e.state["visible_share"], share
+        return self.config.shaping * gain

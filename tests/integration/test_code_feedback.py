@@ -164,10 +164,22 @@ def test_a_solution_passing_the_visible_cases_ends_the_episode_with_the_hidden_v
     episode (all visible cases pass) with reward 1 from the full tests, and shaping adds per-turn credit."""
     problem = PROBLEMS[0]
     engine = HFEngine(policy)
-    wrong = "    return None\n"
-    answers = iter([wrong, problem.reference_solution or ""])
+    answers = ["    return None\n", problem.reference_solution or ""]
+    engine.generate_ids = _scripted(engine, answers)  # type: ignore[method-assign]
+    with JudgePool(LIMITS, workers=1) as pool:
+        env = env_for(CodeFeedbackConfig(max_turns=3, shaping=0.5), engine, pool, PARAMS.max_new_tokens)
+        (row,), _ = collect_rollouts(engine, env, [problem], 1, PARAMS, seed=0)
+    assert row["turns"] == 2 and row["outcome"] == "passed"
+    assert row["turn_rewards"] == [0.0, 1.5] and row["reward"] == 1.5  # 0 of 2 visible, then 2 of 2 + pass
+    feedback = engine.tokenizer.decode([t for t, m in zip(row["completion_ids"], row["loss_mask"], strict=True)
+                                        if not m])
+    assert feedback.startswith("\n# Tests: 2 of 2 visible tests failed.\n# FAILED: ")
 
-    def scripted(contexts, k, params, seeds):
+
+def _scripted(engine: HFEngine, texts: list[str]):
+    answers = iter(texts)
+
+    def generate_ids(contexts, k, params, seeds):
         out = []
         for context in contexts:
             group = []
@@ -178,15 +190,40 @@ def test_a_solution_passing_the_visible_cases_ends_the_episode_with_the_hidden_v
             out.append(group)
         return out
 
-    engine.generate_ids = scripted  # type: ignore[method-assign]
+    return generate_ids
+
+
+def test_visible_cases_run_with_the_problems_helpers_and_never_the_hidden_check(policy):
+    """Augmented problems' cases call helpers their test program defines (and one runs the original check): a
+    correct solution passes the visible ones (no feedback), and the case that runs the hidden check is not shown."""
+    from dataclasses import replace
+
+    base = PROBLEMS[1]
+    helper = "def _same(a, b):\n    return a == b\n\n\ndef _original_check(candidate):\n    pass\n\n\n"
+    cases = [c.replace("assert ", "assert _same(", 1).replace(" == ", ", ", 1) + ")" for c in base.test_cases]
+    problem = replace(base, tests=helper + base.tests, test_cases=["_original_check(candidate)", *cases])
+    assert visible_cases(problem, 2) == cases[:2]
+    engine = HFEngine(policy)
+    engine.generate_ids = _scripted(engine, [problem.reference_solution or ""])  # type: ignore[method-assign]
     with JudgePool(LIMITS, workers=1) as pool:
-        env = env_for(CodeFeedbackConfig(max_turns=3, shaping=0.5), engine, pool, PARAMS.max_new_tokens)
+        env = env_for(CodeFeedbackConfig(max_turns=3), engine, pool, PARAMS.max_new_tokens)
         (row,), _ = collect_rollouts(engine, env, [problem], 1, PARAMS, seed=0)
-    assert row["turns"] == 2 and row["outcome"] == "passed"
-    assert row["turn_rewards"] == [0.0, 1.5] and row["reward"] == 1.5  # 0 of 2 visible, then 2 of 2 + pass
-    feedback = engine.tokenizer.decode([t for t, m in zip(row["completion_ids"], row["loss_mask"], strict=True)
-                                        if not m])
-    assert feedback.startswith("\n# Tests: 2 of 2 visible tests failed.\n# FAILED: ")
+    assert row["turns"] == 1 and row["outcome"] == "passed" and row["reward"] == 1.0
+
+
+def test_a_turn_with_no_room_for_another_is_graded_as_the_last(policy):
+    """When the feedback and a next turn would not fit the episode's tokens, the turn is judged by the full tests
+    (not cut ungraded)."""
+    problem = PROBLEMS[0]
+    engine = HFEngine(policy)
+    engine.generate_ids = _scripted(engine, ["    return None\n"])  # type: ignore[method-assign]
+    prompt_tokens = len(engine.encode(problem.prompt, PARAMS.max_new_tokens))
+    with JudgePool(LIMITS, workers=1) as pool:
+        cfg = CodeFeedbackConfig(max_turns=3, max_total_tokens=prompt_tokens + 2 * PARAMS.max_new_tokens)
+        (row,), _ = collect_rollouts(engine, env_for(cfg, engine, pool, PARAMS.max_new_tokens), [problem], 1, PARAMS,
+                                     seed=0)
+    assert row["turns"] == 1 and row["outcome"] == "failed" and row["finish_reason"] == "stop"
+    assert all(row["loss_mask"])  # no feedback was appended
 
 
 def test_feedback_format():

@@ -61,6 +61,22 @@ def test_an_unknown_rl_algorithm_in_one_line():
     assert lines == ["error: --algorithm: 'ppo' is not an RL algorithm (one of grpo, rft)"]
 
 
+def test_switching_the_rule_keeps_the_sampling_temperature(tmp_path, monkeypatch):
+    """--algorithm grpo on an rft config at temperature 0.7 gives GRPO at 0.7 (the update scores tokens at the
+    sampling temperature), not a refusal of GRPO's default 1.0."""
+    import codemill.cli as cli
+
+    seen = {}
+    monkeypatch.setattr(cli, "_run_on_problem_sources", lambda cfg, command, start: (seen.setdefault("cfg", cfg), 0))
+    monkeypatch.setattr(cli, "print_rl_summary", lambda out, wall_s: None)
+    p = tmp_path / "my.yaml"
+    p.write_text("rl:\n  algorithm: {name: rft}\n  rollout: {temperature: 0.7}\n")
+    result = _invoke(["rl", "--config", str(p), "--algorithm", "grpo", "--iterations", "2"])
+    assert result.exit_code == 0, result.output
+    rl = seen["cfg"].rl
+    assert (rl.algorithm.name, rl.algorithm.temperature, rl.iterations) == ("grpo", 0.7, 2)
+
+
 def test_a_multi_turn_environment_with_rejection_sampling_in_one_line(tmp_path):
     p = tmp_path / "my.yaml"
     p.write_text("rl:\n  algorithm: {name: rft}\n  env: {kind: code_feedback}\n")

@@ -210,8 +210,9 @@ def _row(group: int, sample: int, **kw):
 def test_rollouts_table_round_trips_with_the_exact_schema(tmp_path):
     two_turns = {"completion_ids": [3, 4, 9, 9, 5], "loss_mask": [1, 1, 0, 0, 1],
                  "logprobs": [-0.5, -1.0, 0.0, 0.0, -2.0], "turn_starts": [0, 4], "turns": 2,
-                 "turn_rewards": [0.0, 1.0], "finish_reason": "max_tokens"}
-    rows = [_row(0, 0), _row(0, 1, reward=0.0, partial=0.5, outcome="failed"), _row(1, 0, finish_reason="length"),
+                 "turn_rewards": [0.0, 1.0], "finish_reason": "max_tokens", "reward": 0.0}  # cut: reward 0
+    rows = [_row(0, 0), _row(0, 1, reward=0.0, turn_rewards=[0.0], partial=0.5, outcome="failed"),
+            _row(1, 0, finish_reason="length"),
             _row(1, 1, **two_turns)]
     path = write_rollouts(rows, tmp_path)
     assert path == tmp_path / "rollouts.parquet"
@@ -238,6 +239,11 @@ def test_rollouts_reader_says_what_is_wrong(tmp_path):
         (turns, bad(loss_mask=[0, 1])),  # a turn that starts on an observed token
         (turns, bad(turns=2)),
         (turns, bad(turn_rewards=[])),
+        (turns, bad(turn_starts=[1], loss_mask=[0, 1])),
+        (turns, bad(completion_ids=[3, 4, 9, 5], loss_mask=[1, 0, 1, 1], logprobs=[-1.0, 0.0, -1.0, -1.0])),
+        ("loss_mask values other than 0 and 1", bad(loss_mask=[1, 2])),
+        ("not the sum of their turn_rewards", bad(reward=0.5)),
+        ("not the sum of their turn_rewards", bad(finish_reason="max_tokens")),
         ("unknown finish_reason", bad(finish_reason="eos_token")),
     ]
     for i, (message, table) in enumerate(cases):
