@@ -597,11 +597,12 @@ class CodeFeedbackConfig(StageConfig):
     kind: Literal["code_feedback"] = "code_feedback"
     max_turns: int = Field(3, ge=1, le=16, description="Policy turns per episode (1 = no feedback).")
     visible_cases: int = Field(2, ge=1, description="Test cases shown as feedback: the first ones of the "
-                               "problem's, always leaving at least one hidden.")
+                               "problem's that stand alone, always leaving at least one hidden.")
     feedback_chars: int = Field(160, ge=20, description="Each failing case's source and error line are cut to "
                                 "this many characters.")
-    shaping: float = Field(0.0, ge=0, description="Per-turn reward: this times the share of visible cases a "
-                           "turn that got feedback passed (0 = only the final verdict).")
+    shaping: float = Field(0.0, ge=0, description="Per-turn reward: this times the gain in the share of "
+                           "visible cases passed over the previous turn whose cases ran (potential-based; 0 = "
+                           "only the final verdict).")
     max_total_tokens: int | None = Field(None, gt=0, description="Prompt, sampled and feedback tokens of an "
                                          "episode; empty = the engine's context.")
     episode_wall_s: float | None = Field(None, gt=0, description="Wall-clock limit of an episode; empty = none.")
