@@ -476,7 +476,7 @@ def build_in_sandbox(cfg: ProblemsConfig, out_dir: Path, corpus: CorpusRows | No
     from codemill.sandbox import Limits
     from codemill.sandbox.judge_pool import JudgePool
 
-    limits = Limits(wall_s=cfg.wall_s, cpu_s=cfg.cpu_s, memory_bytes=cfg.memory_mb << 20)
+    limits = Limits.of(cfg)
     with contextlib.ExitStack() as stack:
         pool = stack.enter_context(JudgePool(limits, workers=cfg.workers))
         augment = None

@@ -27,10 +27,6 @@ def rollout_params(r: RolloutConfig) -> RolloutParams:
                          stop=tuple(r.stop))
 
 
-def sandbox_limits(r: RolloutConfig) -> Limits:
-    return Limits(wall_s=r.wall_s, cpu_s=r.cpu_s, memory_bytes=r.memory_mb << 20)
-
-
 def collect_iteration(cfg: RLConfig, problems: Sequence[ExecProblem], policy_hf: str, seed: int, k: int, *,
                       device: str = "cpu", ray_address: str | None = None,
                       say: Callable[[str], None] = lambda msg: None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -38,7 +34,7 @@ def collect_iteration(cfg: RLConfig, problems: Sequence[ExecProblem], policy_hf:
     sampled them), in this process (the engine ``rl.rollout.engine`` names, the judge pool, the environment) or
     on Ray (HFEngine workers, each with its own pool)."""
     r = cfg.rollout
-    params, limits = rollout_params(r), sandbox_limits(r)
+    params, limits = rollout_params(r), Limits.of(r)
     if ray_address:
         from codemill.rl.rollout_ray import collect_rollouts_ray
 

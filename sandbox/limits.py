@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import resource
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -21,6 +22,11 @@ class Limits:
     open_files: int = 64
     processes: int = 32  # per sandbox uid (RLIMIT_NPROC): stops fork bombs
     tmpfs_bytes: int = 64 << 20  # size of the private work dir
+
+    @classmethod
+    def of(cls, section: Any) -> Limits:
+        """The limits a config section names (its ``wall_s``, ``cpu_s`` and ``memory_mb``)."""
+        return cls(wall_s=section.wall_s, cpu_s=section.cpu_s, memory_bytes=section.memory_mb << 20)
 
     def apply(self, cpu: bool = True) -> None:
         """Called in the forked child (preexec): set every limit, hard = soft so nothing can raise them.

@@ -28,8 +28,7 @@ SAMPLED_PREFIX = "humaneval_sampled_pass_at_"
 def suite_pool(section: HumanEvalSuiteConfig | HumanEvalInfillingSuiteConfig) -> JudgePool:
     """The judge pool of a suite that runs model code, from its section's sandbox limits; entering it probes the
     sandbox, so it fails closed before any model code runs."""
-    return JudgePool(Limits(wall_s=section.wall_s, cpu_s=section.cpu_s, memory_bytes=section.memory_mb << 20),
-                     workers=section.workers, unsafe=section.unsafe_no_sandbox)
+    return JudgePool(Limits.of(section), workers=section.workers, unsafe=section.unsafe_no_sandbox)
 
 
 def humaneval_pool(cfg: EvalConfig) -> JudgePool:

@@ -308,7 +308,7 @@ def augmenter(cfg: AugmentConfig) -> Iterator[Any]:
     from codemill.sandbox import Limits
     from codemill.sandbox.judge_pool import JudgePool
 
-    limits = Limits(wall_s=cfg.wall_s, cpu_s=cfg.cpu_s, memory_bytes=cfg.memory_mb << 20)
+    limits = Limits.of(cfg)
     mutant_cpu = max(1, int(cfg.mutant_wall_s))
     mutant_limits = Limits(wall_s=cfg.mutant_wall_s, cpu_s=mutant_cpu, memory_bytes=cfg.memory_mb << 20)
     with (BatchRunner(limits, workers=cfg.workers) as runner, JudgePool(limits, workers=cfg.workers) as judge,

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 
 from codemill.config import GRPOConfig, RLConfig, TrainConfig
 from codemill.rl.algorithms.base import UpdateInputs, UpdateJob
+from codemill.rl.trajectory import TRUNCATED_REASONS
 
 __all__ = ["GRPO", "SUM_KEYS", "GRPOConfig", "LossAgg", "MicroBatch", "TokenTerms", "aggregate", "collate",
            "dynamic_sampling_keep", "entropy_from_logits", "group_advantages", "kl_k3", "metrics_from_sums",
@@ -83,15 +84,12 @@ def dynamic_sampling_keep(rewards: Sequence[float] | np.ndarray, groups: Sequenc
     return ~zero_variance_groups(rewards, groups)
 
 
-TRUNCATED = ("length", "max_tokens", "wall_time")  # codemill.rl.trajectory.TRUNCATED_REASONS
-
-
 def overlong_keep(finish_reasons: Sequence[str]) -> np.ndarray:
     """Per row: True unless the episode was truncated: its last turn cut at max_new_tokens (finish_reason
     "length") or the episode cut on a limit (``max_tokens``, ``wall_time``); DAPO's overlong filtering, TRL's
     ``mask_truncated_completions`` and DeepSWE's compact filtering give those no loss (their reward says
     nothing about an episode that never ended)."""
-    return np.array([f not in TRUNCATED for f in finish_reasons], dtype=bool)
+    return np.array([f not in TRUNCATED_REASONS for f in finish_reasons], dtype=bool)
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
