@@ -17,10 +17,8 @@ from __future__ import annotations
 import queue
 import signal
 import socket
-import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +28,7 @@ from codemill.problems.problem import ExecProblem
 from codemill.sandbox.limits import Limits
 from codemill.sandbox.runner import Outcome, Sandbox, SandboxUnavailable
 from codemill.sandbox.servers import Server, ServerDied
+from codemill.sandbox.slots import map_on_slots
 from codemill.sandbox.uids import LEASES, NoFreeUid
 from codemill.sandbox.wire import BadData, ChannelClosed, ChannelTimeout, recv_frame
 
@@ -131,7 +130,6 @@ class JudgePool:
         self._slots: queue.Queue[_Slot] = queue.Queue()
         self._all: list[_Slot] = []
         self._open = 0  # slots counted in codemill_sandbox_slots
-        self._lock = threading.Lock()
 
     def __enter__(self) -> JudgePool:
         try:
@@ -169,12 +167,9 @@ class JudgePool:
     def judge_all(self, items: Sequence[tuple[ExecProblem, str]],
                   on_done: Callable[[int, int], None] | None = None) -> list[Judged]:
         """Verdicts in input order; one thread per slot (threads only wait on sockets)."""
-        done = [0]
-
         m = metrics.get()
 
-        def one(item: tuple[ExecProblem, str]) -> Judged:
-            slot = self._slots.get()
+        def one(slot: _Slot, item: tuple[ExecProblem, str]) -> Judged:
             m.sandbox_slots_busy.inc()
             try:
                 judged = self._judge(slot, *item)
@@ -182,14 +177,8 @@ class JudgePool:
                 return judged
             finally:
                 m.sandbox_slots_busy.dec()
-                self._slots.put(slot)
-                with self._lock:
-                    done[0] += 1
-                    if on_done:
-                        on_done(done[0], len(items))
 
-        with ThreadPoolExecutor(max_workers=self.workers) as ex:
-            return list(ex.map(one, items))
+        return map_on_slots(self._slots, self.workers, one, items, on_done)
 
     def _judge(self, slot: _Slot, problem: ExecProblem, completion: str) -> Judged:
         limits = self.limits.per_sample()

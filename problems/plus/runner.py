@@ -17,7 +17,6 @@ import queue
 import socket
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +24,7 @@ from codemill.cpus import usable_cpus
 from codemill.sandbox.limits import Limits
 from codemill.sandbox.runner import Sandbox
 from codemill.sandbox.servers import Server, ServerDied
+from codemill.sandbox.slots import map_on_slots
 from codemill.sandbox.uids import LEASES
 from codemill.sandbox.wire import (
     BadData,
@@ -123,20 +123,7 @@ class BatchRunner:
     def run_all(self, batches: Sequence[Batch], on_done: Callable[[int, int], None] | None = None
                 ) -> list[list[Call]]:
         """Results per batch, in input order; batches run in parallel, one per slot."""
-        done = [0]
-
-        def one(batch: Batch) -> list[Call]:
-            slot = self._slots.get()
-            try:
-                return self._run(slot, batch)
-            finally:
-                self._slots.put(slot)
-                done[0] += 1
-                if on_done:
-                    on_done(done[0], len(batches))
-
-        with ThreadPoolExecutor(max_workers=self.workers) as ex:
-            return list(ex.map(one, batches))
+        return map_on_slots(self._slots, self.workers, self._run, batches, on_done)
 
     def run(self, batch: Batch) -> list[Call]:
         return self.run_all([batch])[0]
