@@ -225,9 +225,9 @@ def collect_rollouts(engine: RolloutEngine, env: Environment, problems: Sequence
         assert batch.step is not None
         results = batch.step.result()
         now = time.monotonic()
-        for e, r, was_last in zip(batch.stepping, results, [batch.turn + 1 >= limits.max_turns] * len(results),
-                                  strict=True):
-            if was_last and not r.done:
+        final_turn = batch.turn + 1 >= limits.max_turns
+        for e, r in zip(batch.stepping, results, strict=True):
+            if final_turn and not r.done:
                 r = StepResult([], r.reward, True, r.info)  # the loop's turn limit ends what the env did not
             e.observe(r)
             if e.done:
@@ -239,8 +239,8 @@ def collect_rollouts(engine: RolloutEngine, env: Environment, problems: Sequence
         batch.step, batch.stepping, batch.turn = None, [], batch.turn + 1
         if batch.live:
             return False
+        m.rollout_samples_in_flight.dec(len(batch.episodes))
         for e in batch.episodes:
-            m.rollout_samples_in_flight.dec(1)
             m.rollout_episodes.labels(e.info.outcome if e.info else e.finish_reason).inc()
             if e.info and e.info.suspicious:
                 timings.suspicious[e.info.suspicious] = timings.suspicious.get(e.info.suspicious, 0) + 1
