@@ -304,6 +304,9 @@ class GRPOConfig(StageConfig):
     checkpoint_every: int = runtime_only(default=4, gt=0, description="Steps between resumable checkpoints.")
     keep_checkpoints: int = runtime_only(default=1, ge=1, description="Committed checkpoints kept.")
     timeout_s: int = runtime_only(default=3600, gt=0, description="Kill the torchrun job after this long.")
+    workers: Literal["run", "update"] = runtime_only(
+        default="run", description="run: one torchrun group serves every update of the RL run and keeps the policy "
+        "and its optimizer in memory between them; update: torchrun started for each update. Same results.")
 
 
 class BpbSuiteConfig(StageConfig):

@@ -136,8 +136,10 @@ def rl(config: PipelineConfig = PipelineConfig(), model: str | None = None) -> d
             return run_rl(config, model)
     finally:
         from codemill.rl.collect import close_live_vllm
+        from codemill.rl.update_workers import close_live_workers
 
         close_live_vllm()  # the rollouts' vLLM engine (rl.rollout.engine vllm): its memory back for what follows
+        close_live_workers()  # the update workers (rl.algorithm.workers run)
 
 
 def run_rl(config: PipelineConfig, model: str | None) -> dict[str, Any]:

@@ -48,6 +48,17 @@ def load_pretrained(name_or_path: str, seed: int) -> torch.nn.Module:
     return model
 
 
+def build_like(name_or_path: str, seed: int) -> torch.nn.Module:
+    """``load_pretrained``'s model without reading its weights (seeded random ones): for a caller that sets
+    the weights from memory next."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(name_or_path), torch_dtype=torch.float32)
+    model.config.use_cache = False
+    return model
+
+
 def use_attention(model: Any, device: torch.device, document_masking: bool) -> str:
     """Set the attention kernel a training run uses on ``model`` (a transformers model or its peft wrapper) and
     return its name, which the train summary records (FlexAttention and SDPA agree only to float tolerance).

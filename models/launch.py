@@ -60,53 +60,89 @@ def threads_per_rank(nproc_per_node: int) -> int:
     return max(1, usable_cpus() // nproc_per_node)
 
 
+class LaunchedJob:
+    """A job started in its own session with a lifeline as stdin (its ranks die when this process does, even by
+    SIGKILL, which no ``finally`` here would survive); a reader thread hands each output line to ``on_line``,
+    which the caller may swap between the requests of a long-lived job, and keeps the last lines."""
+
+    def __init__(self, cmd: list[str], env: dict[str, str], on_line: Callable[[str], None],
+                 tail_lines: int = 60) -> None:
+        line_r, self._lifeline = os.pipe()  # both ends close-on-exec here; Popen makes the read end the child's fd 0
+        try:
+            self.proc = subprocess.Popen(cmd, env={**env, **lifeline.launcher_env()}, stdin=line_r,
+                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+                                         start_new_session=True)
+        except BaseException:
+            os.close(self._lifeline)
+            raise
+        finally:
+            os.close(line_r)
+        self.on_line = on_line
+        self.tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
+        self.output_done = threading.Event()
+        self._reader = threading.Thread(target=self._read, name="codemill-job-output", daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        try:
+            assert self.proc.stdout is not None
+            for line in self.proc.stdout:
+                line = line.rstrip("\n")
+                self.tail.append(line)
+                self.on_line(line)
+        finally:
+            self.output_done.set()
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def wait(self, until: Callable[[], bool] | None = None, timeout_s: float | None = None) -> int | None:
+        """Until the job exits (its return code) or ``until()`` holds (None); TimeoutError past ``timeout_s``."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            if until is not None and until():
+                return None
+            if self.output_done.wait(0.05):
+                self._reader.join()
+                return self.proc.wait()
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError
+
+    def stop(self, sig: signal.Signals = signal.SIGTERM) -> None:
+        """Kill the job's process group (if it still runs) and cut its lifeline."""
+        try:
+            if self.proc.poll() is None:
+                kill_group(self.proc, sig)
+            else:
+                self.proc.wait()
+        finally:
+            self.close_lifeline()
+
+    def close_lifeline(self) -> None:
+        if self._lifeline >= 0:
+            os.close(self._lifeline)  # any rank still alive dies at the lifeline's end
+            self._lifeline = -1
+
+
 def run_streaming(cmd: list[str], env: dict[str, str], timeout_s: float,
                   on_line: Callable[[str], None], tail_lines: int = 60) -> None:
-    """Run cmd in its own session, calling on_line for each output line; kill the whole group on timeout.
-
-    Its stdin is the read end of a pipe whose write end only this process holds: the trainer ranks watch it, so
-    they die when this process does (even by SIGKILL, which no ``finally`` here would survive).
-    A non-zero exit raises TrainingFailed carrying the last lines of output (the trainer's last error).
-    """
-    line_r, line_w = os.pipe()  # both ends close-on-exec here; Popen makes the read end the child's fd 0
+    """Run cmd in its own session (a ``LaunchedJob``), calling on_line for each output line; kill the whole
+    group on timeout. A non-zero exit raises TrainingFailed carrying the last lines of output (the trainer's
+    last error)."""
+    job = LaunchedJob(cmd, env, on_line, tail_lines)
     try:
-        proc = subprocess.Popen(cmd, env={**env, **lifeline.launcher_env()}, stdin=line_r, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True)
-    except BaseException:
-        os.close(line_w)
-        raise
-    finally:
-        os.close(line_r)
-    tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
-    timed_out = threading.Event()
-
-    def watchdog() -> None:
-        deadline = time.monotonic() + timeout_s
-        while proc.poll() is None:
-            if time.monotonic() > deadline:
-                timed_out.set()
-                kill_group(proc)
-                return
-            time.sleep(0.2)
-
-    threading.Thread(target=watchdog, daemon=True).start()
-    try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            line = line.rstrip("\n")
-            tail.append(line)
-            on_line(line)
-        rc = proc.wait()
-    except BaseException:
-        kill_group(proc)
-        raise
-    finally:
-        os.close(line_w)  # the job is over either way; any rank still alive dies at the lifeline's end
-    if timed_out.is_set():
+        rc = job.wait(timeout_s=timeout_s)
+    except TimeoutError:
+        job.stop()
         raise TrainingFailed(f"training timed out after {timeout_s:.0f}s; killed. Last output:\n"
-                             + "\n".join(tail), tail)
+                             + "\n".join(job.tail), job.tail) from None
+    except BaseException:
+        job.stop()
+        raise
+    finally:
+        job.close_lifeline()  # the job is over either way
     if rc != 0:
-        raise TrainingFailed(f"torchrun exited with code {rc}. Last output:\n" + "\n".join(tail), tail)
+        raise TrainingFailed(f"torchrun exited with code {rc}. Last output:\n" + "\n".join(job.tail), job.tail)
 
 
 def kill_group(proc: subprocess.Popen, sig: signal.Signals = signal.SIGTERM, grace_s: float = 10) -> None:

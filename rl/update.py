@@ -53,7 +53,7 @@ from codemill.config import GRPOConfig
 from codemill.metrics.push import rank_pusher
 from codemill.metrics.training import count_step, record_step
 from codemill.models import parallel
-from codemill.models.build import load_pretrained
+from codemill.models.build import build_like, load_pretrained
 from codemill.models.checkpoint import Checkpointer, committed_steps, step_dir
 from codemill.models.common import emit, full_state_dict, run_rank, start_rank
 from codemill.models.core import Optimization, TrainingCore
@@ -251,11 +251,25 @@ def summarize(history: list[dict[str, float]], plan_stats: dict[str, float]) -> 
     return out
 
 
-class GRPOUpdate:
-    """Setup in ``__init__``; ``run`` is the loop (one step, log, maybe checkpoint), then the export."""
+@dataclass(frozen=True)
+class KeptPolicy:
+    """A policy and its AdamW state as an update left them, held in memory by a long-lived update worker
+    (``rl.update_workers``) for the update that continues from it: ``key`` names the artifact they were exported
+    as. Restoring them is what ``continue_optimizer`` does from the artifact's optimizer checkpoint, without
+    the disk."""
 
-    def __init__(self, spec: RLUpdateSpec) -> None:
-        self.spec, self.cfg = spec, spec.grpo
+    key: str
+    model: dict[str, Any]
+    optim: dict[str, Any]
+
+
+class GRPOUpdate:
+    """Setup in ``__init__``; ``run`` is the loop (one step, log, maybe checkpoint), then the export. ``kept``:
+    the starting policy and optimizer in memory (a long-lived worker's), instead of the spec's folders."""
+
+    def __init__(self, spec: RLUpdateSpec, kept: KeptPolicy | None = None) -> None:
+        self.spec, self.cfg, self.kept = spec, spec.grpo, kept
+        self.trained: KeptPolicy | None = None
         cfg = self.cfg
         self.started = time.perf_counter()
         self.core = TrainingCore.start(cfg.device)
@@ -315,7 +329,8 @@ class GRPOUpdate:
         self.fp = fingerprint(spec, d.world)
         self.ckpt = self.core.open_checkpoints(spec.ckpt_dir, cfg.keep_checkpoints)
         bf16 = cfg.dtype == "bfloat16"
-        model: Any = load_pretrained(spec.policy_dir, seed=cfg.seed)
+        model: Any = (build_like(spec.policy_dir, seed=cfg.seed) if self.kept is not None
+                      else load_pretrained(spec.policy_dir, seed=cfg.seed))
         self.model = model.to(d.device)
         self.check_vocab(model)
         mcfg = model.config
@@ -332,11 +347,14 @@ class GRPOUpdate:
             for p in ref.parameters():
                 p.requires_grad_(False)
             self.ref = parallel.wrap(ref, "fsdp", d, bf16=bf16) if cfg.parallelism == "fsdp" else ref
-        self.continue_optimizer()
+        if self.kept is not None:
+            self.restore_kept(self.kept)
+        else:
+            self.continue_optimizer()
         self.resume()
         if d.rank == 0:
             emit("start", world=d.world, device=str(d.device), parallelism=cfg.parallelism, steps=total,
-                 start_step=self.start_step, **self.plan.stats)
+                 start_step=self.start_step, from_memory=self.kept is not None, **self.plan.stats)
 
     def check_vocab(self, model: Any) -> None:
         vocab = model.get_input_embeddings().num_embeddings
@@ -354,15 +372,30 @@ class GRPOUpdate:
         if root is None or not committed_steps(root):
             return
         from torch.distributed.checkpoint import load as dcp_load
-        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+        from torch.distributed.checkpoint.state_dict import get_state_dict
 
         msd, osd = get_state_dict(self.model, self.opt)
         state: dict[str, Any] = {"model": msd, "optim": osd}
         dcp_load(state, checkpoint_id=str(step_dir(root, committed_steps(root)[-1]) / "dcp"))
-        set_state_dict(self.model, self.opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
-        for group in self.opt.param_groups:  # this update's schedule, not the saved learning rates
+        self.restore_kept(KeptPolicy("", state["model"], state["optim"]))
+
+    def restore_kept(self, kept: KeptPolicy) -> None:
+        """Weights and AdamW moments of the previous update, then this update's learning-rate schedule (not the
+        saved learning rates)."""
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        set_state_dict(self.model, self.opt, model_state_dict=kept.model, optim_state_dict=kept.optim)
+        for group in self.opt.param_groups:
             group["initial_lr"] = self.cfg.lr
             group["lr"] = self.cfg.lr * self.sched.lr_lambdas[0](0)
+
+    def keep(self, key: str) -> KeptPolicy | None:
+        """What a long-lived worker holds for the next update once this one's export is named ``key``: the
+        trained state, or when the update trained nothing the state it started from (None if that was read
+        from disk)."""
+        if self.trained is not None:
+            return KeptPolicy(key, self.trained.model, self.trained.optim)
+        return KeptPolicy(key, self.kept.model, self.kept.optim) if self.kept is not None else None
 
     def save_optimizer(self) -> None:
         """The optimizer state after this update, committed under ``optimizer_out`` (skip: copied through)."""
@@ -452,6 +485,9 @@ class GRPOUpdate:
                     "tokens_per_s": sum(h["tokens"] for h in ran) / update_s}
         summary = {"metrics": metrics, "history": self.history}
         self.save_optimizer()
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        self.trained = KeptPolicy("", *get_state_dict(self.model, self.opt))
         state = full_state_dict(self.model)
         if d.rank == 0:
             fresh: Any = load_pretrained(self.spec.policy_dir, seed=self.cfg.seed)

@@ -24,7 +24,7 @@ from codemill.lineage import Lineage
 from codemill.plan import StagePlan
 from codemill.store import ArtifactRef, ArtifactStore, ArtifactWriter, Manifest
 from codemill.tasks.common import RunContext, StageResult, run_stage, stage_task
-from codemill.tasks.train import on_cuda, run_torchrun
+from codemill.tasks.train import on_cuda, run_torchrun, torchrun_env, trainer_line_handler
 
 ROLLOUTS = "rollouts"
 POLICY = "policy"
@@ -185,7 +185,10 @@ def update_task(plan: StagePlan, ctx: RunContext, cfg: RLConfig, train: TrainCon
         if isinstance(job, dict):  # nothing to train: the policy goes on unchanged, and the manifest says so
             stats = {**job, "update_s": 0.0}
         else:
-            run_torchrun(job.spec, w.dir, job.launch, ctx, run_id, POLICY, module=job.module)
+            if job.served:
+                _serve_update(job, plan, ctx)
+            else:
+                run_torchrun(job.spec, w.dir, job.launch, ctx, run_id, POLICY, module=job.module)
             stats = {**job.result(), "update_s": time.monotonic() - t0}
         manifest = w.finish(stats)
         shutil.rmtree(scratch, ignore_errors=True)  # resume scratch; the committed export supersedes it
@@ -193,6 +196,21 @@ def update_task(plan: StagePlan, ctx: RunContext, cfg: RLConfig, train: TrainCon
 
     return run_stage(ctx, plan, produce, _record_policy(store, plan), _policy_summary,
                      gpus=launch.nproc_per_node if on_cuda(launch.device) else 0, system_metrics=True)
+
+
+def _serve_update(job: Any, plan: StagePlan, ctx: RunContext) -> None:
+    """The update on the run's long-lived workers (started with the first update, kept for the next)."""
+    import uuid
+
+    from codemill.rl.update_workers import UpdateWorkers, live_workers
+
+    launch = job.launch
+    key = f"{launch.nproc_per_node}:{launch.device}:{Path(ctx.work_dir).absolute()}"
+    control = Path(ctx.work_dir).absolute() / "rl" / f"workers-{uuid.uuid4().hex[:12]}"
+    progress.sink().stage(POLICY, f"update workers x{launch.nproc_per_node}")
+    workers = live_workers(key, lambda: UpdateWorkers(launch.nproc_per_node, control,
+                                                      torchrun_env(launch, ctx, None)))
+    workers.run(job.spec, plan.input("policy").digest, plan.digest, launch.timeout_s, trainer_line_handler(POLICY))
 
 
 def _update_inputs(plan: StagePlan, ctx: RunContext, cfg: RLConfig, train: TrainConfig, policy_hf: str,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -88,14 +89,9 @@ def run_torchrun(spec: BaseModel, out_dir: Path, cfg: TrainConfig | GRPOConfig, 
                  stage: str, module: str = "codemill.models.trainer") -> None:
     """``module`` under torchrun with ``spec`` as its JSON argument (written beside ``out_dir``, removed after),
     rank 0 logging to the stage's MLflow run, its step lines shown as progress."""
-    from codemill.models.common import STACK_DUMP_ENV  # imports torch: only when something is trained
-
-    logger = get_run_logger()
     spec_path = out_dir.parent / f"{out_dir.name}.spec.json"
     spec_path.write_text(spec.model_dump_json())
-    env = {**os.environ, "MLFLOW_TRACKING_URI": ctx.tracking_uri, "MLFLOW_RUN_ID": run_id,
-           "OMP_NUM_THREADS": str(threads_per_rank(cfg.nproc_per_node)), "PYTHONUNBUFFERED": "1",
-           "TQDM_DISABLE": "1", STACK_DUMP_ENV: str(max(1, cfg.timeout_s - 15)), **child_env()}
+    env = torchrun_env(cfg, ctx, run_id)
     progress.sink().stage(stage, f"torchrun x{cfg.nproc_per_node}")
     try:
         if isinstance(cfg, TrainConfig):  # multi-node settings are the trainer's
@@ -103,9 +99,26 @@ def run_torchrun(spec: BaseModel, out_dir: Path, cfg: TrainConfig | GRPOConfig, 
                                    max_restarts=cfg.max_restarts, rdzv_endpoint=cfg.rdzv_endpoint, rdzv_id=cfg.rdzv_id)
         else:
             cmd = torchrun_command(str(spec_path), cfg.nproc_per_node, module=module)
-        run_streaming(cmd, env, cfg.timeout_s, on_line=lambda line: _on_trainer_line(logger, line, stage))
+        run_streaming(cmd, env, cfg.timeout_s, on_line=trainer_line_handler(stage))
     finally:
         spec_path.unlink(missing_ok=True)
+
+
+def torchrun_env(cfg: TrainConfig | GRPOConfig, ctx: RunContext, run_id: str | None) -> dict[str, str]:
+    """The ranks' environment: MLflow (the stage run's id when there is one), one share of the cores per rank,
+    unbuffered output, the stack dump before the timeout, and the flow run's metrics target."""
+    from codemill.models.common import STACK_DUMP_ENV  # imports torch: only when something is trained
+
+    return {**os.environ, "MLFLOW_TRACKING_URI": ctx.tracking_uri, **({"MLFLOW_RUN_ID": run_id} if run_id else {}),
+            "OMP_NUM_THREADS": str(threads_per_rank(cfg.nproc_per_node)), "PYTHONUNBUFFERED": "1",
+            "TQDM_DISABLE": "1", STACK_DUMP_ENV: str(max(1, cfg.timeout_s - 15)), **child_env()}
+
+
+def trainer_line_handler(stage: str) -> Callable[[str], None]:
+    """What a torchrun job's output lines do: step lines move the stage's progress (and log the loss), the rest
+    is logged as it is."""
+    logger = get_run_logger()
+    return lambda line: _on_trainer_line(logger, line, stage)
 
 
 def on_cuda(device: str) -> bool:

@@ -36,12 +36,14 @@ class UpdateInputs:
 @dataclass
 class UpdateJob:
     """A torchrun job: ``module`` with ``spec`` as its JSON argument, launched with ``launch``'s processes,
-    device and timeout; ``result()`` reads what it wrote into the policy manifest's stats."""
+    device and timeout; ``result()`` reads what it wrote into the policy manifest's stats. ``served``: the job
+    goes to the run's long-lived update workers (``rl.update_workers``) instead of a torchrun of its own."""
 
     spec: BaseModel
     launch: Any  # GRPOConfig | TrainConfig: nproc_per_node, device, timeout_s
     module: str
     result: Callable[[], dict[str, Any]]
+    served: bool = False
 
 
 class Algorithm(Protocol):

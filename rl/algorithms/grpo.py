@@ -330,4 +330,4 @@ class GRPO:
             summary = json.loads((inputs.out_dir / "hf" / SUMMARY).read_text())
             return {"algorithm": self.name, "update": summary.get("metrics", summary)}
 
-        return UpdateJob(spec, grpo, "codemill.rl.update", result)
+        return UpdateJob(spec, grpo, "codemill.rl.update", result, served=grpo.workers == "run")

@@ -268,3 +268,83 @@ def test_one_rank_matches_two_ranks(policy, rollouts, ddp_run, tmp_path):
             update(spec)
     finally:
         torch.use_deterministic_algorithms(deterministic)
+
+
+def _chain(policy: Path, rollouts: list[Path], work: Path) -> list[RLUpdateSpec]:
+    """Updates that continue one another as an RL run's do: each starts from the previous export and its
+    optimizer state."""
+    specs, start, optimizer = [], policy, None
+    for i, table in enumerate(rollouts):
+        cfg = GRPOConfig(lr=2e-3, epochs=2, micro_batch_size=2, grad_accum=2, nproc_per_node=2, device="cpu",
+                         checkpoint_every=EVERY, keep_checkpoints=1, seed=100 + i)
+        specs.append(RLUpdateSpec(grpo=cfg, policy_dir=str(start), rollouts_path=str(table),
+                                  out_dir=str(work / f"{i}" / "out"), ckpt_dir=str(work / f"{i}" / "ckpt"),
+                                  max_new_tokens=MAX_NEW, optimizer_in=optimizer,
+                                  optimizer_out=str(work / f"{i}" / "optimizer")))
+        start, optimizer = work / f"{i}" / "out", str(work / f"{i}" / "optimizer")
+    return specs
+
+
+def _same_policies(a: Path, b: Path) -> None:
+    wa, wb = load_file(str(a / "model.safetensors")), load_file(str(b / "model.safetensors"))
+    assert wa.keys() == wb.keys()
+    for name in wa:
+        assert torch.equal(wa[name], wb[name]), name
+    ha, hb = (json.loads((p / SUMMARY).read_text())["history"] for p in (a, b))
+    assert ha == hb
+
+
+def test_long_lived_workers_match_one_torchrun_per_update(policy, rollouts, tmp_path):
+    """Three chained updates (train, nothing to learn, train) served by one worker group, the policy and AdamW
+    state kept in memory from one to the next, give the bytes that one torchrun per update gives from disk."""
+    from codemill.rl.update_workers import UpdateWorkers
+
+    flat = _write_rollouts(policy, tmp_path / "flat.parquet", [[1.0] * 4, [0.0] * 4])
+    tables = [rollouts, flat, rollouts]
+    for i, spec in enumerate(_chain(policy, tables, tmp_path / "oneshot")):
+        Path(spec.out_dir).parent.mkdir(parents=True)
+        (Path(spec.out_dir).parent / "spec.json").write_text(spec.model_dump_json())
+        _run(Path(spec.out_dir).parent / "spec.json")
+
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}, "OMP_NUM_THREADS": "1"}
+    workers = UpdateWorkers(2, tmp_path / "control", env)
+    lines: list[list[str]] = []
+    try:
+        for i, spec in enumerate(_chain(policy, tables, tmp_path / "served")):
+            lines.append([])
+            workers.run(spec, policy_key="base" if i == 0 else f"policy-{i - 1}", output_key=f"policy-{i}",
+                        timeout_s=300, on_line=lines[-1].append)
+        assert workers.alive()  # one group served all three
+    finally:
+        workers.close()
+    assert not workers.alive() and not (tmp_path / "control").exists()
+    starts = [[json.loads(x) for x in ls if x.startswith('{"event": "start"')] for ls in lines]
+    assert [s[0]["from_memory"] for s in starts if s] == [False, True]  # the skip loads no model
+    assert all(any(x.startswith('{"event": "done"') for x in ls) for ls in lines)
+    for i in (0, 1, 2):
+        _same_policies(tmp_path / "oneshot" / f"{i}" / "out", tmp_path / "served" / f"{i}" / "out")
+
+
+def test_a_failing_update_stops_the_workers_and_the_next_starts_fresh(policy, rollouts, tmp_path):
+    """An update that fails raises its error in the caller and ends the group (its ranks may be out of step); the
+    run's next update gets a new group, which reads its start from disk."""
+    from codemill.models.launch import TrainingFailed
+    from codemill.rl.update_workers import UpdateWorkers, close_live_workers, live_workers
+
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}, "OMP_NUM_THREADS": "1"}
+    specs = _chain(policy, [rollouts, rollouts], tmp_path / "w")
+    broken = specs[0].model_copy(update={"rollouts_path": str(tmp_path / "missing.parquet")})
+    try:
+        first = live_workers("k", lambda: UpdateWorkers(2, tmp_path / "c1", env))
+        with pytest.raises(TrainingFailed, match="missing.parquet"):
+            first.run(broken, "base", "policy-0", timeout_s=120, on_line=lambda line: None)
+        assert not first.alive()
+        second = live_workers("k", lambda: UpdateWorkers(2, tmp_path / "c2", env))
+        assert second is not first
+        for i, spec in enumerate(specs):
+            second.run(spec, "base" if i == 0 else "policy-0", f"policy-{i}", timeout_s=300,
+                       on_line=lambda line: None)
+        assert live_workers("k", lambda: UpdateWorkers(2, tmp_path / "c3", env)) is second
+    finally:
+        close_live_workers()
+    assert (tmp_path / "w" / "1" / "out" / "model.safetensors").exists()
