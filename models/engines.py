@@ -26,6 +26,7 @@ works but pays the engine start (memory profiling, CUDA graphs on a GPU) every i
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import importlib.util
@@ -190,6 +191,58 @@ def encode_prompt(tokenizer: Any, prompt: str, max_context: int, max_new_tokens:
     return list(ids)
 
 
+@functools.cache
+def _preallocated_layer() -> type:
+    from transformers.cache_utils import DynamicLayer
+
+    class PreallocatedLayer(DynamicLayer):
+        """A ``DynamicLayer`` that writes each step's keys and values into a buffer sized for the whole
+        generation and hands attention a view of the filled part: the same values ``torch.cat`` would build,
+        without copying the whole cache at every step (which made the copy, not the model, the cost of
+        sampling from a small model)."""
+
+        def __init__(self, capacity: int) -> None:
+            super().__init__()
+            self.capacity = capacity
+
+        def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+            super().lazy_initialization(key_states, value_states)
+            b, h, _, d = key_states.shape
+            self._k = key_states.new_empty((b, h, self.capacity, d))
+            self._v = value_states.new_empty((b, h, self.capacity, value_states.shape[-1]))
+            self._len = 0
+
+        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
+                   **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+            end = self._len + key_states.shape[-2]
+            if end > self.capacity:
+                raise RuntimeError(f"KV cache of {self.capacity} positions overflows at {end}")
+            self._k[:, :, self._len:end] = key_states
+            self._v[:, :, self._len:end] = value_states
+            self._len = end
+            self.keys, self.values = self._k[:, :, :end], self._v[:, :, :end]
+            return self.keys, self.values
+
+    return PreallocatedLayer
+
+
+def preallocated_cache(model: Any, capacity: int) -> Any | None:
+    """A KV cache of ``capacity`` positions per row, filled in place, for a model whose layers all use the
+    plain dynamic cache (None otherwise: the model's own cache is used)."""
+    from transformers.cache_utils import DynamicCache, DynamicLayer
+
+    try:
+        cache = DynamicCache(config=model.config)
+    except Exception:  # noqa: BLE001 - a config the cache cannot read: use the model's default cache
+        return None
+    if not cache.layers or any(type(layer) is not DynamicLayer for layer in cache.layers):
+        return None
+    cache.layers = [_preallocated_layer()(capacity) for _ in cache.layers]
+    return cache
+
+
 class HFEngine:
     """Batched sampling on a transformers causal LM: left padding, a KV cache, one forward per new token.
 
@@ -285,8 +338,9 @@ class HFEngine:
         reason: list[str | None] = [None] * n
         texts = [""] * n
         longest_stop = max((len(s) for s in params.stop), default=0)
+        cache = preallocated_cache(self.model, width + steps)
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
-                         logits_to_keep=1)
+                         logits_to_keep=1, **({self._cache_arg: cache} if cache is not None else {}))
         next_pos = positions[:, -1:] + 1
         for t in range(steps):
             logp = torch.log_softmax(out.logits[:, -1, :].float() / logprob_temperature(params.temperature), dim=-1)

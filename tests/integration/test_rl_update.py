@@ -301,7 +301,7 @@ def test_long_lived_workers_match_one_torchrun_per_update(policy, rollouts, tmp_
 
     flat = _write_rollouts(policy, tmp_path / "flat.parquet", [[1.0] * 4, [0.0] * 4])
     tables = [rollouts, flat, rollouts]
-    for i, spec in enumerate(_chain(policy, tables, tmp_path / "oneshot")):
+    for spec in _chain(policy, tables, tmp_path / "oneshot"):
         Path(spec.out_dir).parent.mkdir(parents=True)
         (Path(spec.out_dir).parent / "spec.json").write_text(spec.model_dump_json())
         _run(Path(spec.out_dir).parent / "spec.json")

@@ -161,6 +161,20 @@ def test_samples_do_not_depend_on_batching(policy, engine):
     assert len({tuple(c.completion_ids) for c in together[0]}) == 3
 
 
+def test_the_preallocated_kv_cache_samples_what_the_growing_one_does(engine, monkeypatch):
+    """Writing keys and values into a buffer sized for the whole generation gives bit-identical tokens and
+    log-probs to transformers' cache that concatenates at every step (with stops, mixed prompt lengths)."""
+    from codemill.models import engines
+
+    params = RolloutParams(temperature=1.0, max_new_tokens=24, stop=("\ndef ",))
+    assert engines.preallocated_cache(engine.model, 8) is not None  # the tiny Llama takes it
+    buffered = engine.generate(PROMPTS, 3, params, SEEDS)
+    monkeypatch.setattr(engines, "preallocated_cache", lambda model, capacity: None)
+    growing = engine.generate(PROMPTS, 3, params, SEEDS)
+    assert [(c.completion_ids, c.logprobs, c.finish_reason) for c in _flat(buffered)] == \
+        [(c.completion_ids, c.logprobs, c.finish_reason) for c in _flat(growing)]
+
+
 def test_load_weights_syncs_the_engine_to_an_updated_policy(policy, tmp_path):
     other = make_policy(tmp_path / "other", seed=5)
     params = RolloutParams(temperature=1.0, max_new_tokens=12)
