@@ -54,7 +54,7 @@ def build_like(name_or_path: str, seed: int) -> torch.nn.Module:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(name_or_path), torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(name_or_path), dtype=torch.float32)
     model.config.use_cache = False
     return model
 

@@ -490,7 +490,7 @@ class GRPOUpdate:
         self.trained = KeptPolicy("", *get_state_dict(self.model, self.opt))
         state = full_state_dict(self.model)
         if d.rank == 0:
-            fresh: Any = load_pretrained(self.spec.policy_dir, seed=self.cfg.seed)
+            fresh: Any = build_like(self.spec.policy_dir, seed=self.cfg.seed)  # every weight is set next
             fresh.load_state_dict(state)
             write_policy(fresh, Path(self.spec.policy_dir), Path(self.spec.out_dir), summary)
             emit("done", metrics=metrics)
