@@ -398,6 +398,18 @@ SuiteName = Literal["bpb", "completion", "humaneval", "humaneval_infilling", "la
 SUITES: tuple[SuiteName, ...] = ("bpb", "completion", "humaneval", "humaneval_infilling", "latency")
 
 
+class VLLMOptions(StageConfig):
+    """vLLM's settings when ``rl.rollout.engine`` or ``evaluate.engine`` is vllm (``models.engines.VLLMEngine``)."""
+
+    dtype: Literal["bfloat16", "float16", "float32"] = Field(
+        "bfloat16", description="The dtype vLLM runs the model in: its log-probs differ from the update's fp32 "
+        "ones by this dtype's rounding (docs/rl.md#vllm has the measured gap); float32 narrows it.")
+    gpu_memory_utilization: float = runtime_only(default=0.5, gt=0, le=1, description="Share of the GPU's "
+                                                 "memory vLLM takes; the rest is the update's.")
+    enforce_eager: bool = runtime_only(default=False, description="No CUDA graphs / compilation: a faster "
+                                       "start, slower decoding (the tests' setting on CPU).")
+
+
 class EvalConfig(StageConfig):
     suites: list[SuiteName] = Field(list(SUITES), description="Suites to run.")
     bpb: BpbSuiteConfig = Field(default_factory=BpbSuiteConfig)
@@ -410,6 +422,18 @@ class EvalConfig(StageConfig):
                                                             "(0.95 = 95%).")
     seed: int = Field(0, description="Seed of the completion items' target lines, the generation sampling and "
                                      "the bootstrap resamples.")
+    engine: Literal["hf", "vllm"] = Field("hf", description="The engine the generating suites (completion, "
+                                          "humaneval, humaneval_infilling) sample with: hf (transformers, built "
+                                          "in) or vllm (the vllm extra, in its own environment: scripts/vllm-env).")
+    vllm: VLLMOptions = Field(default_factory=VLLMOptions, description="vLLM's settings (engine: vllm).")
+
+    def digest_config(self) -> dict[str, Any]:
+        """The default engine (hf) adds nothing, so evaluations made before the engine was a setting keep their
+        digests."""
+        out = super().digest_config()
+        if self.engine == "hf":
+            del out["engine"], out["vllm"]
+        return out
 
 
 class GateMetricConfig(StageConfig):
@@ -519,18 +543,6 @@ class ProblemsConfig(StageConfig):
         if self.augment is None:
             out.pop("augment")
         return out
-
-
-class VLLMOptions(StageConfig):
-    """vLLM's settings when ``rl.rollout.engine`` is vllm (``models.engines.VLLMEngine``)."""
-
-    dtype: Literal["bfloat16", "float16", "float32"] = Field(
-        "bfloat16", description="The dtype vLLM runs the model in: its log-probs differ from the update's fp32 "
-        "ones by this dtype's rounding (docs/rl.md#vllm has the measured gap); float32 narrows it.")
-    gpu_memory_utilization: float = runtime_only(default=0.5, gt=0, le=1, description="Share of the GPU's "
-                                                 "memory vLLM takes; the rest is the update's.")
-    enforce_eager: bool = runtime_only(default=False, description="No CUDA graphs / compilation: a faster "
-                                       "start, slower decoding (the tests' setting on CPU).")
 
 
 class RolloutConfig(StageConfig):

@@ -40,7 +40,7 @@ class Needs:
     sandbox: bool = False
     training: bool = False
     devices: tuple[str, ...] = ()  # the device preferences ("auto", "cpu", "cuda") of the steps that train or sample
-    vllm: bool = False  # a step samples with vLLM (rl.rollout.engine: vllm)
+    vllm: str | None = None  # the setting that makes a step sample with vLLM (rl.rollout.engine, evaluate.engine)
 
 
 def needs_of(command: str, cfg: PipelineConfig, until: str = "evaluate") -> Needs:
@@ -48,20 +48,22 @@ def needs_of(command: str, cfg: PipelineConfig, until: str = "evaluate") -> Need
     from codemill.evals import suites
 
     sandboxed_suites = any(suites.get(s).uses_sandbox(cfg.evaluate) for s in cfg.evaluate.suites)
+    eval_vllm = "evaluate.engine" if suites.samples_with_vllm(cfg.evaluate) else None
     if command == "run":
         trains = until in ("train", "evaluate")
         return Needs(sandbox=until == "evaluate" and sandboxed_suites, training=trains,
-                     devices=(cfg.train.device,) if trains else ())
+                     devices=(cfg.train.device,) if trains else (), vllm=eval_vllm if until == "evaluate" else None)
     if command == "calibrate":
-        return Needs(sandbox=sandboxed_suites, training=True, devices=(cfg.train.device,))
+        return Needs(sandbox=sandboxed_suites, training=True, devices=(cfg.train.device,), vllm=eval_vllm)
     if command == "evaluate":
-        return Needs(sandbox=sandboxed_suites)
+        return Needs(sandbox=sandboxed_suites, vllm=eval_vllm)
     if command == "problems":
         return Needs(sandbox=True)
     if command == "rl":
         update_device = getattr(cfg.rl.algorithm, "device", cfg.train.device)  # rft trains with train's device
+        rollout_vllm = "rl.rollout.engine" if cfg.rl.rollout.engine == "vllm" else None
         return Needs(sandbox=True, training=True, devices=(cfg.train.device, update_device),
-                     vllm=cfg.rl.rollout.engine == "vllm")
+                     vllm=rollout_vllm or (eval_vllm if cfg.evaluate.suites else None))
     if command == "serve":  # serves every deployment: the pipeline, evaluation, problems and RL
         return Needs(sandbox=True, training=True, devices=(cfg.train.device,))
     raise ValueError(f"no preflight for command {command!r}")
@@ -76,7 +78,8 @@ def run_checks(cfg: PipelineConfig, needs: Needs) -> list[Check]:
     if "cuda" in needs.devices:
         checks.append(check_cuda)
     if needs.vllm:
-        checks.append(check_vllm)
+        setting = needs.vllm
+        checks.append(lambda: check_vllm(setting))
     return [check() for check in checks]
 
 
@@ -135,14 +138,14 @@ def check_torchrun() -> Check:
     return Check("torchrun", detail="python -m torch.distributed.run")
 
 
-def check_vllm() -> Check:
+def check_vllm(setting: str = "rl.rollout.engine") -> Check:
     """vLLM lives in an environment of its own (scripts/vllm-env): the command must run from there."""
     from codemill.models.engines import vllm_available
 
     if not vllm_available():
-        return Check("vllm", "rl.rollout.engine is vllm but vllm is not importable in this Python",
-                     hint="build its environment (scripts/vllm-env DIR) and run DIR/bin/codemill, or set "
-                          "rl.rollout.engine: hf")
+        return Check("vllm", f"{setting} is vllm but vllm is not importable in this Python",
+                     hint=f"build its environment (scripts/vllm-env DIR) and run DIR/bin/codemill, or set "
+                          f"{setting}: hf")
     return Check("vllm", detail="importable")
 
 

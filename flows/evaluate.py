@@ -88,8 +88,13 @@ def evaluate(model: str, config: PipelineConfig = PipelineConfig(), corpus: str 
              samples_file: str | None = None) -> dict[str, Any]:
     """Evaluate ``model`` on ``config.evaluate.suites``; gate it against the champion when ``config.gate``
     is enabled. ``samples_file`` scores a HumanEval samples JSONL instead of generating."""
-    with flow_run_metrics(config, "evaluate"):
-        return _evaluate(model, config, corpus, samples_file)
+    try:
+        with flow_run_metrics(config, "evaluate"):
+            return _evaluate(model, config, corpus, samples_file)
+    finally:
+        from codemill.models.engines import close_live_vllm
+
+        close_live_vllm()  # the suites' vLLM engine (evaluate.engine vllm): its memory back for what follows
 
 
 def _evaluate(model: str, config: PipelineConfig, corpus: str | None, samples_file: str | None) -> dict[str, Any]:

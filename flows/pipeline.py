@@ -42,8 +42,13 @@ def _run_name() -> str:
 
 def run_pipeline(config: PipelineConfig, until: str = "evaluate", flow_name: str = "pipeline") -> dict[str, Any]:
     """The body shared by ``pipeline`` and ``nightly`` (call it inside a flow), its metrics pushed when on."""
-    with flow_run_metrics(config, flow_name):
-        return _run_pipeline(config, until, flow_name)
+    try:
+        with flow_run_metrics(config, flow_name):
+            return _run_pipeline(config, until, flow_name)
+    finally:
+        from codemill.models.engines import close_live_vllm
+
+        close_live_vllm()  # the suites' vLLM engine (evaluate.engine vllm)
 
 
 def _run_pipeline(config: PipelineConfig, until: str, flow_name: str) -> dict[str, Any]:

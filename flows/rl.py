@@ -135,7 +135,7 @@ def rl(config: PipelineConfig = PipelineConfig(), model: str | None = None) -> d
         with flow_run_metrics(config, "rl"):
             return run_rl(config, model)
     finally:
-        from codemill.rl.collect import close_live_vllm
+        from codemill.models.engines import close_live_vllm
         from codemill.rl.update_workers import close_live_workers
 
         close_live_vllm()  # the rollouts' vLLM engine (rl.rollout.engine vllm): its memory back for what follows

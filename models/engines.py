@@ -546,6 +546,43 @@ def build_engine(rollout: RolloutConfig, policy_dir: str | Path, device: str) ->
     return HFEngine(policy_dir, device=device, max_context=rollout.context_len)
 
 
+_LIVE: dict[str, Any] = {}  # the process's vLLM engine: its settings' key and the engine
+_LIVE_EXIT: list[bool] = []  # close_live_vllm registered with atexit
+
+
+def live_vllm(policy_dir: str | Path, options: Any, max_context: int, device: str) -> VLLMEngine:
+    """The process's vLLM engine, started once and given each later policy's weights (``load_weights``: no
+    restart, the prefix cache reset) rather than one engine start per rollouts task or eval suite; other
+    ``options`` (a ``config.VLLMOptions``) or another context length start a fresh one."""
+    import atexit
+    import json
+
+    key = json.dumps([options.model_dump(), max_context, device])
+    live = _LIVE.get("vllm")
+    if live is not None and live[0] == key:
+        engine: VLLMEngine = live[1]
+        if engine.policy_dir != str(policy_dir):
+            engine.load_weights(policy_dir)
+        return engine
+    close_live_vllm()
+    if not _LIVE_EXIT:  # registered after multiprocessing's exit handler, so it runs first (atexit is LIFO)
+        atexit.register(close_live_vllm)
+        _LIVE_EXIT.append(True)
+    engine = VLLMEngine(policy_dir, dtype=options.dtype, gpu_memory_utilization=options.gpu_memory_utilization,
+                        enforce_eager=options.enforce_eager, max_context=max_context, recompute_device=device)
+    _LIVE["vllm"] = (key, engine)
+    return engine
+
+
+def close_live_vllm() -> None:
+    """Stop the process's live vLLM engine, if any (``VLLMEngine.close``): at the end of the ``rl`` and
+    ``evaluate`` flows and at exit. Kept until exit, its EngineCore process would make the interpreter hang
+    there."""
+    live = _LIVE.pop("vllm", None)
+    if live is not None:
+        live[1].close()
+
+
 def engine_info(engine: RolloutEngine) -> dict[str, str]:
     """What sampled a rollouts artifact (recorded in its manifest): the engine and its library's version."""
     from importlib.metadata import PackageNotFoundError, version

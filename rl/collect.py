@@ -1,12 +1,11 @@
 """One RL iteration's rollouts from its config: the engine ``rl.rollout.engine`` names (a vLLM engine lives
-across iterations in this process and gets each new policy's weights), the judge pool with the rollout's
+across iterations in this process and gets each new policy's weights: ``models.engines.live_vllm``), the judge
+pool with the rollout's
 sandbox limits, the environment ``rl.env`` names, and the rollout loop; or the same on Ray workers.
 """
 
 from __future__ import annotations
 
-import atexit
-import json
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -14,7 +13,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from codemill.config import RLConfig, RolloutConfig
-from codemill.models.engines import RolloutParams, build_engine, engine_info
+from codemill.models.engines import RolloutParams, build_engine, engine_info, live_vllm
 from codemill.problems.problem import ExecProblem
 from codemill.rl.envs import env_for
 from codemill.rl.rollout import collect_rollouts
@@ -47,7 +46,8 @@ def collect_iteration(cfg: RLConfig, problems: Sequence[ExecProblem], policy_hf:
         return rows, {**timings.as_dict(), "weight_sync_s": 0.0, "engine": "hf"}
     with _LIVE_LOCK:  # one rollouts task at a time on the process's live vLLM engine
         t0 = time.monotonic()
-        engine = _live_vllm(r, policy_hf, device) if r.engine == "vllm" else build_engine(r, policy_hf, device)
+        engine = (live_vllm(policy_hf, r.vllm, r.context_len, device) if r.engine == "vllm"
+                  else build_engine(r, policy_hf, device))
         weight_sync_s = time.monotonic() - t0
         with JudgePool(limits, workers=r.workers) as pool, _cpu_threads_beside_judges(device, r.overlap):
             env = env_for(cfg.env, engine, pool, r.max_new_tokens, reward=r.reward)
@@ -59,37 +59,7 @@ def collect_iteration(cfg: RLConfig, problems: Sequence[ExecProblem], policy_hf:
                   "engine_version": info["version"]}
 
 
-_LIVE_LOCK = threading.Lock()
-_LIVE: dict[str, Any] = {}  # the process's vLLM engine: its settings' key and the engine
-_LIVE_EXIT: list[bool] = []  # close_live_vllm registered with atexit
-
-
-def _live_vllm(r: Any, policy_hf: str, device: str) -> Any:
-    """The vLLM engine of this process, started once and given each later policy's weights (``load_weights``:
-    no restart, the prefix cache reset), rather than one engine start per rollouts task; the weight sync is then
-    what ``weight_sync_s`` measures. Other settings start a fresh engine."""
-    key = json.dumps([r.vllm.model_dump(), r.context_len, device])
-    live = _LIVE.get("vllm")
-    if live is not None and live[0] == key:
-        engine = live[1]
-        if engine.policy_dir != policy_hf:
-            engine.load_weights(policy_hf)
-        return engine
-    close_live_vllm()
-    if not _LIVE_EXIT:  # registered after multiprocessing's exit handler, so it runs first (atexit is LIFO)
-        atexit.register(close_live_vllm)
-        _LIVE_EXIT.append(True)
-    engine = build_engine(r, policy_hf, device)
-    _LIVE["vllm"] = (key, engine)
-    return engine
-
-
-def close_live_vllm() -> None:
-    """Stop the process's live vLLM engine, if any (``VLLMEngine.close``): at the end of the ``rl`` flow and at
-    exit. Kept until exit, its EngineCore process would make the interpreter hang there."""
-    live = _LIVE.pop("vllm", None)
-    if live is not None:
-        live[1].close()
+_LIVE_LOCK = threading.Lock()  # one rollouts task at a time on the process's live vLLM engine
 
 
 @contextmanager

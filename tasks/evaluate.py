@@ -57,6 +57,7 @@ def plan_suite(suite: str, cfg: EvalConfig, model: ArtifactRef, corpus: Artifact
     these agree, whatever else ran beside them."""
     s = suites.get(suite)
     config = {"suite": s.config(cfg).digest_config(), **s.plan_config(cfg),
+              **(suites.sampler_config(cfg) if s.generates else {}),
               "bootstrap_samples": cfg.bootstrap_samples, "confidence": cfg.confidence, "seed": cfg.seed}
     inputs = {"model": model, "data": suite_data(suite, corpus)}
     if samples_file:

@@ -6,9 +6,18 @@ from __future__ import annotations
 
 import polars as pl
 
+from codemill.config import EvalConfig
 from codemill.evals.gate import ItemScores
 from codemill.evals.suites import bpb, completion, humaneval, humaneval_infilling, latency
-from codemill.evals.suites.base import EvalModel, Metric, Suite, SuiteRun, load_eval_model, load_val_files
+from codemill.evals.suites.base import (
+    EvalModel,
+    Metric,
+    Suite,
+    SuiteRun,
+    load_eval_model,
+    load_val_files,
+    sampler_config,
+)
 
 REGISTRY: dict[str, Suite] = {s.name: s for s in (bpb.SUITE, completion.SUITE, humaneval.SUITE,
                                                  humaneval_infilling.SUITE, latency.SUITE)}
@@ -17,7 +26,7 @@ SUITE_VERSIONS: dict[str, str] = {name: s.code_version for name, s in REGISTRY.i
 SUITE_OF_METRIC: dict[str, str] = {m.name: s.name for s in REGISTRY.values() for m in s.metrics}
 
 __all__ = ["REGISTRY", "SUITE_OF_METRIC", "SUITE_VERSIONS", "EvalModel", "Metric", "Suite", "SuiteRun", "get",
-           "item_scores", "load_eval_model", "load_val_files", "rows_file"]
+           "item_scores", "load_eval_model", "load_val_files", "rows_file", "sampler_config", "samples_with_vllm"]
 
 
 def get(name: str) -> Suite:
@@ -25,6 +34,11 @@ def get(name: str) -> Suite:
         return REGISTRY[name]
     except KeyError:
         raise ValueError(f"unknown suite {name!r}; known: {', '.join(REGISTRY)}") from None
+
+
+def samples_with_vllm(cfg: EvalConfig) -> bool:
+    """Whether an evaluation on ``cfg`` starts a vLLM engine: ``engine: vllm`` and a suite that generates."""
+    return cfg.engine == "vllm" and any(get(s).generates for s in cfg.suites)
 
 
 def rows_file(suite: str) -> str:

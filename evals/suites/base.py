@@ -35,12 +35,19 @@ class EvalModel:
     model: torch.nn.Module
     tokenizer: PreTrainedTokenizerBase  # a transformers fast tokenizer
     device: torch.device
+    hf_dir: Path | None = None  # where the model was loaded from (a vLLM engine loads it from there)
+    sampler: EvalConfig | None = None  # its ``engine`` and ``vllm``: what the generating suites sample with
 
     def engine(self, rows_per_forward: int, max_context: int) -> Any:
-        """The sampling engine on this model (``models.engines.HFEngine``): the suites generate through it, as
-        RL's rollouts do."""
-        from codemill.models.engines import HFEngine
+        """The sampling engine on this model, the one RL's rollouts use: ``HFEngine`` on the loaded model, or
+        with ``evaluate.engine: vllm`` the process's vLLM engine on the model's folder (started once, given
+        each later model's weights)."""
+        from codemill.models.engines import HFEngine, live_vllm
 
+        if self.sampler is not None and self.sampler.engine == "vllm":
+            if self.hf_dir is None:
+                raise ValueError("evaluate.engine vllm needs the model's folder, and this model has none")
+            return live_vllm(self.hf_dir, self.sampler.vllm, max_context, self.device.type)
         return HFEngine.from_model(self.model, self.tokenizer, rows_per_forward=rows_per_forward,
                                    max_context=max_context)
 
@@ -86,7 +93,9 @@ class SuiteRun:
 
     @cached_property
     def model(self) -> EvalModel:
-        return self.loader(self.hf_dir)
+        m = self.loader(self.hf_dir)
+        m.hf_dir, m.sampler = self.hf_dir, self.cfg
+        return m
 
     def val(self, max_files: int | None) -> tuple[pl.DataFrame, list[str]]:
         """The first ``max_files`` val files (sorted by path) and each one's cluster (its split unit)."""
@@ -121,6 +130,7 @@ class Suite:
     # What the suite's digest covers besides its own section (``evaluate.<name>``), the eval seed and the
     # bootstrap settings: settings it reads from another section, or the machine a measurement belongs to.
     plan_config: Callable[[EvalConfig], dict[str, Any]] = field(default=lambda cfg: {})
+    generates: bool = False  # samples from the model: through ``evaluate.engine``, which its digest then covers
 
     def config(self, cfg: EvalConfig) -> StageConfig:
         """This suite's section of the evaluate config (``evaluate.<name>``)."""
@@ -130,6 +140,12 @@ class Suite:
     @property
     def summary_keys(self) -> tuple[str, ...]:
         return tuple(m.name for m in self.metrics) + self.logged
+
+
+def sampler_config(cfg: EvalConfig) -> dict[str, Any]:
+    """What a generating suite's digest adds for its engine: nothing for hf (the default), the engine and its
+    output-affecting options for vllm (its samples are not HFEngine's)."""
+    return {} if cfg.engine == "hf" else {"engine": cfg.engine, "vllm": cfg.vllm.digest_config()}
 
 
 def ci(values: np.ndarray, weights: np.ndarray, clusters: np.ndarray, cfg: EvalConfig, name: str) -> dict:

@@ -48,4 +48,5 @@ def item_scores(rows: pl.DataFrame) -> dict[str, ItemScores]:
     return {EXACT.name: scores(rows, EXACT, "exact_match"), EDIT.name: scores(rows, EDIT, "edit_similarity")}
 
 
-SUITE = Suite("completion", comp.COMPLETION_CODE_VERSION, "val", run, item_scores, (EXACT, EDIT))
+SUITE = Suite("completion", comp.COMPLETION_CODE_VERSION, "val", run, item_scores, (EXACT, EDIT),
+              generates=True)

@@ -148,4 +148,5 @@ def item_scores(rows: pl.DataFrame) -> dict[str, ItemScores]:
 
 SUITE = Suite("humaneval", he.HUMANEVAL_CODE_VERSION, "humaneval", run, item_scores, (PASS_AT_1, PLUS_PASS_AT_1),
               logged=(SAMPLED_PREFIX, "plus_only_failures"),
-              uses_sandbox=lambda cfg: not cfg.humaneval.unsafe_no_sandbox or cfg.humaneval.plus)
+              uses_sandbox=lambda cfg: not cfg.humaneval.unsafe_no_sandbox or cfg.humaneval.plus,
+              generates=True)

@@ -124,4 +124,5 @@ def item_scores(rows: pl.DataFrame) -> dict[str, ItemScores]:
 
 
 SUITE = Suite(NAME, inf.INFILLING_CODE_VERSION, "humaneval", run, item_scores, (PASS_AT_1, EXACT),
-              logged=(f"{NAME}_",), uses_sandbox=lambda cfg: not cfg.humaneval_infilling.unsafe_no_sandbox)
+              logged=(f"{NAME}_",), uses_sandbox=lambda cfg: not cfg.humaneval_infilling.unsafe_no_sandbox,
+              generates=True)

@@ -111,6 +111,22 @@ def test_the_vllm_engine_without_vllm_stops_the_rl_run(empty_dir, tmp_path):
     assert "hint: build its environment (scripts/vllm-env DIR)" in out.stderr
 
 
+def test_evaluating_with_the_vllm_engine_without_vllm_stops_before_the_suites(empty_dir, tmp_path):
+    """evaluate.engine: vllm with a suite that generates, in the main environment: one line naming the setting;
+    the same setting with only bpb (which samples nothing) needs no vLLM."""
+    config = tmp_path / "vllm.yaml"
+    config.write_text("evaluate:\n  engine: vllm\n  suites: [humaneval]\n")
+    out = codemill(["evaluate", str(tmp_path / "no-model"), "--config", str(config), "--no-gate"], empty_dir)
+    assert_stopped_before_anything(out, empty_dir, [
+        "evaluate.engine is vllm but vllm is not importable in this Python"])
+    assert "evaluate.engine: hf" in out.stderr
+    from codemill.config import PipelineConfig
+    from codemill.preflight import needs_of
+
+    bpb_only = PipelineConfig.model_validate({"evaluate": {"engine": "vllm", "suites": ["bpb"]}})
+    assert needs_of("evaluate", bpb_only).vllm is None
+
+
 def test_plan_shows_the_checks_and_does_not_fail(empty_dir, small_corpus, tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("")

@@ -172,3 +172,39 @@ def test_a_grpo_flow_samples_with_vllm(tmp_path, vllm_python):
                             for r in rows)
     assert out["iterations"] and out["heldout"]["problems"] > 0
     del store
+
+
+def test_humaneval_samples_with_vllm_what_the_hf_engine_samples(setup, tmp_path, vllm_python):
+    """``codemill evaluate`` with ``evaluate.engine: vllm`` (float32) in the vLLM environment: the HumanEval
+    suite's greedy completions are the HF engine's, token for token, and the eval artifact's config names the
+    engine (its digest is not the HF evaluation's)."""
+    import polars as pl
+
+    from codemill.config import EvalConfig
+    from codemill.evals.humaneval import load_problems
+    from codemill.evals.suites.base import load_eval_model
+    from codemill.evals.suites.humaneval import humaneval_samples
+
+    humaneval = {"max_problems": 12, "max_new_tokens": 24, "plus": False, "workers": 1}
+    data = {"name": "vllm-eval", "store_root": str(tmp_path / "store"), "work_dir": str(tmp_path / "work"),
+            "mlflow_tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "gate": {"enabled": False},
+            "evaluate": {"suites": ["humaneval"], "engine": "vllm", "humaneval": humaneval,
+                         "vllm": {"dtype": "float32", "enforce_eager": True}}}
+    config = tmp_path / "eval.yaml"
+    config.write_text(json.dumps(data))
+    env = script_env(PREFECT_HOME=str(tmp_path / "prefect"), PREFECT_SERVER_ALLOW_EPHEMERAL_MODE="true")
+    proc = subprocess.run([str(vllm_python), "-c", "from codemill.cli import app; app()", "evaluate",
+                           setup["policy"], "--config", str(config), "--no-gate"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    [manifest] = sorted((tmp_path / "store" / "eval").glob("humaneval-*/manifest.json"))
+    assert json.loads(manifest.read_text())["config"]["engine"] == "vllm"
+    rows = pl.read_parquet(next(manifest.parent.glob("*.parquet")))
+    served = dict(zip(rows["task_id"], rows["completion"], strict=True))
+
+    cfg = EvalConfig(humaneval=humaneval)
+    problems = dict(list(load_problems().items())[:12])
+    local = {s["task_id"]: s["completion"] for s in humaneval_samples(load_eval_model(Path(setup["policy"])),
+                                                                       problems, cfg)}
+    assert len(served) == 12 and served == local
+    assert len(set(local.values())) > 1  # the greedy continuations depend on the prompt

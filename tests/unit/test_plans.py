@@ -63,6 +63,23 @@ def test_an_evaluation_does_not_depend_on_which_other_suites_ran(tmp_path: Path)
     assert changed.digest != alone.digest
 
 
+def test_the_sampling_engine_reaches_the_generating_suites_only(tmp_path: Path) -> None:
+    """``evaluate.engine: vllm`` is a new evaluation of the suites that generate (vLLM's samples are not the
+    HF engine's), and of no other; the default engine adds nothing, so earlier evaluations keep their digests."""
+    store = _store(tmp_path)
+    model = store.ref("train", "model", "1" * 64)
+    corpus = store.ref("ingest", "corpus", "2" * 64)
+    hf, vllm = EvalConfig(), EvalConfig(engine="vllm", vllm={"dtype": "float32"})
+    for suite in ("completion", "humaneval", "humaneval_infilling"):
+        a, b = plan_suite(suite, hf, model, corpus), plan_suite(suite, vllm, model, corpus)
+        assert "engine" not in a.config and b.config["engine"] == "vllm" and a.digest != b.digest, suite
+        bf16 = plan_suite(suite, EvalConfig(engine="vllm"), model, corpus)
+        assert bf16.digest != b.digest, suite  # the dtype changes vLLM's numbers
+    for suite in ("bpb", "latency"):
+        assert plan_suite(suite, hf, model, corpus).digest == plan_suite(suite, vllm, model, corpus).digest
+    assert "engine" not in hf.digest_config() and "vllm" not in hf.digest_config()
+
+
 def test_until_keeps_a_prefix_of_the_same_steps(tmp_path: Path) -> None:
     full = _steps(tmp_path)
     assert [s.key for s in full] == ["ingest", "tokenizer", "tokenize", "train", "augment", "eval:bpb",
