@@ -178,8 +178,6 @@ def test_humaneval_samples_with_vllm_what_the_hf_engine_samples(setup, tmp_path,
     """``codemill evaluate`` with ``evaluate.engine: vllm`` (float32) in the vLLM environment: the HumanEval
     suite's greedy completions are the HF engine's, token for token, and the eval artifact's config names the
     engine (its digest is not the HF evaluation's)."""
-    import polars as pl
-
     from codemill.config import EvalConfig
     from codemill.evals.humaneval import load_problems
     from codemill.evals.suites.base import load_eval_model
@@ -197,10 +195,10 @@ def test_humaneval_samples_with_vllm_what_the_hf_engine_samples(setup, tmp_path,
                            setup["policy"], "--config", str(config), "--no-gate"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-6000:]
-    [manifest] = sorted((tmp_path / "store" / "eval").glob("humaneval-*/manifest.json"))
+    [manifest] = sorted((tmp_path / "store" / "evaluate").glob("humaneval-*/manifest.json"))
     assert json.loads(manifest.read_text())["config"]["engine"] == "vllm"
-    rows = pl.read_parquet(next(manifest.parent.glob("*.parquet")))
-    served = dict(zip(rows["task_id"], rows["completion"], strict=True))
+    samples = [json.loads(line) for line in (manifest.parent / "samples.jsonl").read_text().splitlines()]
+    served = {s["task_id"]: s["completion"] for s in samples}
 
     cfg = EvalConfig(humaneval=humaneval)
     problems = dict(list(load_problems().items())[:12])
