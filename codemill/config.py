@@ -481,9 +481,21 @@ class ProblemSourceConfig(StageConfig):
     split_by: Literal["template", "problem"] = Field(
         "template", description="synthetic: the split unit. template holds whole templates out (a new kind of "
         "task); problem holds instances out (the same kinds with constants and inputs never trained on).")
+    family: Literal["templates", "steps"] = Field(
+        "templates", description="synthetic: templates is one-line functions with a constant baked in (add_7 "
+        "returns x + 7); steps is f(x) applying 2-3 named steps, one line each (add one; double), split by "
+        "sequence whatever split_by says: a val problem is a new composition of the steps train has.")
     storage_options: dict[str, Any] = runtime_only(
         default_factory=dict, description="fsspec options for URLs (e.g. S3 endpoint_url, key, secret); "
                                           "prefer environment credentials.")
+
+    def digest_config(self) -> dict[str, Any]:
+        """The default family (templates) adds nothing, so problem sets built before it was an option keep their
+        digests."""
+        out = super().digest_config()
+        if self.family == "templates":
+            del out["family"]
+        return out
 
 
 class AugmentConfig(StageConfig):

@@ -219,7 +219,7 @@ def read_source(src: ProblemSourceConfig, label: str, corpus: CorpusRows | None
     if src.kind == "synthetic":
         by_problem = src.split_by == "problem"
         return [replace(p, source=label, split_unit=p.problem_id if by_problem else p.split_unit)
-                for p in synthetic_problems(src.seed, src.count)], {}
+                for p in synthetic_problems(src.seed, src.count, src.family)], {}
     if corpus is None:
         raise ValueError("a mined problem source needs the corpus (the plan's 'corpus' input)")
     from codemill.problems.mining import mine_doctest_problems

@@ -13,6 +13,12 @@ The split unit is the template (``synthetic/<template>``): train and val hold di
 template with other constants. Two problems of one template differ only in ``k``, so a parameter split would put
 near-copies of every val problem into train; holding whole templates out measures what it should (solving a kind
 of task not seen in training) at the cost of a coarse split over few units.
+
+A second family, ``steps`` (``steps_problems``), has nothing to copy from the prompt: ``f(x)`` applies 2-3 steps
+named in the docstring (``add one; double``), one line of the body each. The tiny preset's stdlib-trained model
+copies neither a constant nor a parameter name from a prompt it was not trained on, so on the templates family a
+held-out instance fails whatever RL rewards; on the steps family a held-out problem is a new composition of
+phrase-to-line mappings that train problems exercise.
 """
 
 from __future__ import annotations
@@ -95,8 +101,11 @@ def _render(t: Template, k: int, examples: list[Any], n_cases: int) -> ExecProbl
                        split_unit=f"{SOURCE}/{t.name}")
 
 
-def synthetic_problems(seed: int, count: int) -> list[ExecProblem]:
-    """``count`` problems (fewer only when every template's ``k`` range is used up), the same for the same seed."""
+def synthetic_problems(seed: int, count: int, family: str = "templates") -> list[ExecProblem]:
+    """``count`` problems (fewer only when every template's ``k`` range is used up), the same for the same seed.
+    ``family="steps"``: compositions of steps instead (``steps_problems``)."""
+    if family == "steps":
+        return steps_problems(seed, count)
     rng = random.Random(seed)
     used: dict[str, set[int]] = {t.name: set() for t in TEMPLATES}
     out: list[ExecProblem] = []
@@ -119,4 +128,74 @@ def synthetic_problems(seed: int, count: int) -> list[ExecProblem]:
             if x not in examples:
                 examples.append(x)
         out.append(_render(t, k, examples, n_cases))
+    return out
+
+
+# The steps family: ``f(x)`` applies a sequence of 2-3 steps, each named in the docstring by a fixed phrase and
+# written as one line of the body (``x = x * 2``). Nothing is copied from the prompt: each phrase maps to its line,
+# and a problem is a sequence. Held out by sequence, a val problem is a new composition of steps train has.
+@dataclass(frozen=True)
+class Step:
+    key: str  # in the problem id
+    phrase: str  # in the docstring
+    line: str  # the body's line
+    fn: Callable[[int], int]
+
+
+STEPS: tuple[Step, ...] = (
+    Step("add1", "add one", "x = x + 1", lambda x: x + 1),
+    Step("add10", "add ten", "x = x + 10", lambda x: x + 10),
+    Step("sub2", "subtract two", "x = x - 2", lambda x: x - 2),
+    Step("double", "double", "x = x * 2", lambda x: x * 2),
+    Step("triple", "triple", "x = x * 3", lambda x: x * 3),
+    Step("negate", "negate", "x = -x", lambda x: -x),
+    Step("square", "square", "x = x * x", lambda x: x * x),
+    Step("halve", "halve, rounding down", "x = x // 2", lambda x: x // 2),
+    Step("abs", "take the absolute value", "x = abs(x)", abs),
+    Step("mod5", "take the remainder modulo 5", "x = x % 5", lambda x: x % 5),
+)
+STEPS_NAME = "steps"
+
+
+def _run_steps(seq: tuple[Step, ...], x: int) -> int:
+    for s in seq:
+        x = s.fn(x)
+    return x
+
+
+def _render_steps(seq: tuple[Step, ...], examples: list[int]) -> ExecProblem:
+    doc = "; ".join(["Start with x", *(s.phrase for s in seq)]) + ". Return the result."
+    example = examples[0]
+    prompt = (f"def f(x: int) -> int:\n"
+              f'    """{doc}\n'
+              f"    >>> f({example!r})\n"
+              f"    {_run_steps(seq, example)!r}\n"
+              f'    """\n')
+    cases = [f"assert candidate({x!r}) == {_run_steps(seq, x)!r}" for x in examples[1:]]
+    tests = "def check(candidate):\n" + "".join(f"    {c}\n" for c in cases)
+    body = "".join(f"    {s.line}\n" for s in seq) + "    return x\n"
+    pid = f"{SOURCE}/{STEPS_NAME}_" + "_".join(s.key for s in seq)
+    return ExecProblem(problem_id=pid, prompt=prompt, entry_point="f", tests=tests, test_cases=cases,
+                       reference_solution=body, source=SOURCE, split_unit=pid)
+
+
+def steps_problems(seed: int, count: int) -> list[ExecProblem]:
+    """``count`` distinct step sequences (2 or 3 steps; fewer only when all are used), each with fresh inputs. A
+    problem's split unit is its sequence, so a val problem is a composition train never had."""
+    rng = random.Random(seed)
+    seen: set[tuple[str, ...]] = set()
+    out: list[ExecProblem] = []
+    total = len(STEPS) ** 2 + len(STEPS) ** 3
+    while len(out) < min(count, total):
+        seq = tuple(rng.choice(STEPS) for _ in range(rng.randint(2, 3)))
+        if tuple(s.key for s in seq) in seen:
+            continue
+        seen.add(tuple(s.key for s in seq))
+        n_cases = rng.randint(3, 5)
+        examples: list[int] = []
+        while len(examples) < n_cases + 1:  # distinct inputs: the doc example and the test cases
+            x = rng.randint(-20, 20)
+            if x not in examples:
+                examples.append(x)
+        out.append(_render_steps(seq, examples))
     return out

@@ -26,7 +26,7 @@ from codemill.problems.sets import (
     split_of,
     verify,
 )
-from codemill.problems.synthetic import TEMPLATES, synthetic_problems
+from codemill.problems.synthetic import STEPS, TEMPLATES, steps_problems, synthetic_problems
 from codemill.sandbox import Limits
 from codemill.sandbox.judge_pool import JudgePool
 
@@ -131,6 +131,34 @@ def test_synthetic_references_pass_and_wrong_answers_fail_in_the_sandbox(pool):
     assert [j.kind for j in right] == ["passed"] * len(problems)
     wrong = pool.judge_all([(p, "    return None\n") for p in problems])
     assert not any(j.passed for j in wrong)
+
+
+def test_the_steps_family_is_distinct_compositions_split_by_sequence():
+    a = synthetic_problems(3, 300, family="steps")
+    assert a == steps_problems(3, 300) and steps_problems(3, 40) == a[:40] and steps_problems(4, 40) != a[:40]
+    assert len({p.problem_id for p in a}) == 300 and all(p.split_unit == p.problem_id for p in a)
+    phrases = {s.phrase: s for s in STEPS}
+    for p in a:
+        assert malformed_reason(p) is None and 3 <= len(p.test_cases) <= 5 and p.entry_point == "f"
+        doc = p.prompt.split('"""')[1].split("\n")[0]
+        named = [phrases[ph] for ph in doc.removesuffix(". Return the result.").split("; ")[1:]]
+        assert 2 <= len(named) <= 3
+        assert p.reference_solution == "".join(f"    {s.line}\n" for s in named) + "    return x\n"
+    assert len(steps_problems(0, 10_000)) == len(STEPS) ** 2 + len(STEPS) ** 3  # every sequence once
+    assert synthetic_problems(0, 40) == synthetic_problems(0, 40, family="templates")  # the default is unchanged
+
+
+def test_steps_references_pass_and_a_wrong_step_fails_in_the_sandbox(pool):
+    problems = steps_problems(0, 26)
+    right = pool.judge_all([(p, p.reference_solution or "") for p in problems])
+    assert [j.kind for j in right] == ["passed"] * len(problems)
+    dropped_step = [(p, "".join((p.reference_solution or "").splitlines(keepends=True)[1:])) for p in problems]
+    assert sum(j.passed for j in pool.judge_all(dropped_step)) <= 2  # a step that is not the identity matters
+
+
+def test_the_family_option_keeps_the_default_digest():
+    assert "family" not in ProblemSourceConfig(kind="synthetic").digest_config()
+    assert ProblemSourceConfig(kind="synthetic", family="steps").digest_config()["family"] == "steps"
 
 
 # --- steps ----------------------------------------------------------------------------------------------------

@@ -38,9 +38,9 @@ def test_a_mined_source_makes_the_corpus_an_input():
     assert a.input_digests == {"corpus": "c" * 64} and a.digest != b.digest
 
 
-def test_the_tiny_preset_has_the_synthetic_source():
+def test_the_tiny_preset_has_the_synthetic_steps_source():
     (src,) = load_preset("tiny").problems.sources
-    assert (src.kind, src.count) == ("synthetic", 64)
+    assert (src.kind, src.family, src.count) == ("synthetic", "steps", 400)
 
 
 def test_codemill_problems_refuses_a_missing_file_in_one_line(tmp_path):
