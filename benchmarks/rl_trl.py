@@ -20,6 +20,7 @@ forward and the 16 steps). codemill's: generation, reward (the time rollouts wai
 last batch), update (the workers' wall time) and sync (building the next iteration's engine on the new policy).
 
     python -m benchmarks.rl_trl [--problems 32] [--k 8] [--max-new-tokens 64] [--rounds 3] [--lr 1e-4]
+                                [--generation-threads N]
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ class CodemillRun:
         ranks = 2
         self.rl = RLConfig(
             rollout=RolloutConfig(max_new_tokens=args.max_new_tokens, stop=[], samples_per_problem=args.k,
-                                  problems_per_iteration=len(problems)),
+                                  problems_per_iteration=len(problems), threads=args.generation_threads),
             algorithm=GRPOConfig(lr=args.lr, micro_batch_size=STEP_SAMPLES // ranks, nproc_per_node=ranks,
                                  device="cpu", dynamic_sampling=False, overlong_mask=False, checkpoint_every=1000))
         env = {**{k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")},
@@ -164,6 +165,8 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3, help="measured iterations per side (after one warm-up)")
     ap.add_argument("--lr", type=float, default=1e-4)
+    ap.add_argument("--generation-threads", type=int, default=None,
+                    help="codemill's rl.rollout.threads (default: the flow's, one core left to the sandboxes)")
     args = ap.parse_args()
     if args.problems * args.k % STEP_SAMPLES:
         ap.error(f"problems x k must be a multiple of {STEP_SAMPLES} (samples per optimizer step)")
@@ -212,6 +215,7 @@ def main() -> None:
           f"{samples} samples, {args.max_new_tokens} new tokens (no stop strings), every sample trained in "
           f"{samples // STEP_SAMPLES} steps of {STEP_SAMPLES}; median of {len(ours)} interleaved rounds after one "
           f"warm-up each")
+    print(f"codemill generation threads: {args.generation_threads or 'the flow default'}")
     print(f"{time.strftime('%Y-%m-%d')}, {platform.machine()} {cores} cores, commit {git_commit()}; python "
           f"{platform.python_version()}, torch {torch.__version__}, transformers {version('transformers')}, trl "
           f"{version('trl')}")

@@ -49,7 +49,7 @@ def collect_iteration(cfg: RLConfig, problems: Sequence[ExecProblem], policy_hf:
         engine = (live_vllm(policy_hf, r.vllm, r.context_len, device) if r.engine == "vllm"
                   else build_engine(r, policy_hf, device))
         weight_sync_s = time.monotonic() - t0
-        with JudgePool(limits, workers=r.workers) as pool, _cpu_threads_beside_judges(device, r.overlap):
+        with JudgePool(limits, workers=r.workers) as pool, _cpu_threads_beside_judges(device, r.overlap, r.threads):
             env = env_for(cfg.env, engine, pool, r.max_new_tokens, reward=r.reward)
             rows, timings = collect_rollouts(engine, env, problems, k, params, seed,
                                              batch_problems=r.batch_problems, overlap=r.overlap,
@@ -63,15 +63,18 @@ _LIVE_LOCK = threading.Lock()  # one rollouts task at a time on the process's li
 
 
 @contextmanager
-def _cpu_threads_beside_judges(device: str, overlap: bool) -> Iterator[None]:
-    """Generation on CPU leaves one core to the sandboxes it overlaps with: torch's threads spin while they
-    wait, and spinning threads that share cores with the judges made sampling several times slower."""
+def _cpu_threads_beside_judges(device: str, overlap: bool, threads: int | None = None) -> Iterator[None]:
+    """Generation on CPU leaves one core to the sandboxes it overlaps with unless ``threads`` says otherwise:
+    torch's threads spin while they wait, and spinning threads that share their cores with other work
+    (another job on the machine) made sampling several times slower."""
     import torch
 
     from codemill.cpus import usable_cpus
 
     before = torch.get_num_threads()
-    if device == "cpu" and overlap:
+    if device == "cpu" and threads:
+        torch.set_num_threads(threads)
+    elif device == "cpu" and overlap:
         torch.set_num_threads(max(1, min(before, usable_cpus() - 1)))
     try:
         yield
