@@ -37,7 +37,8 @@ from codemill.models.engines import HFEngine, RolloutEngine, RolloutParams, VLLM
 from codemill.models.launch import threads_per_rank, torchrun_command
 from codemill.problems.synthetic import synthetic_problems
 from codemill.rl.envs import env_for
-from codemill.rl.rollout import collect_rollouts, write_rollouts
+from codemill.rl.rollout import collect_rollouts
+from codemill.rl.trajectory import write_rollouts
 from codemill.rl.update import SUMMARY, RLUpdateSpec
 from codemill.sandbox import Limits
 from codemill.sandbox.judge_pool import JudgePool
