@@ -27,6 +27,7 @@ import json
 import os
 import shutil
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -105,6 +106,7 @@ class UpdateWorkers:
         for stale in control.iterdir():
             stale.unlink()
         self.seq = 0
+        self._lock = threading.Lock()  # one update at a time, whichever thread asks
         self._on_line: Callable[[str], None] = lambda line: None
         self._served = -1
         cmd = torchrun_command(str(control), nproc_per_node, module=MODULE)
@@ -124,6 +126,11 @@ class UpdateWorkers:
             on_line: Callable[[str], None]) -> None:
         """One update, blocking until the group has served it. A failure or a timeout stops the group and raises
         ``TrainingFailed`` with its last output."""
+        with self._lock:
+            self._run(spec, policy_key, output_key, timeout_s, on_line)
+
+    def _run(self, spec: RLUpdateSpec, policy_key: str, output_key: str, timeout_s: float,
+             on_line: Callable[[str], None]) -> None:
         seq = self.seq
         self._on_line = on_line
         request = WorkerRequest(seq=seq, spec=spec, policy_key=policy_key, output_key=output_key,
@@ -159,27 +166,30 @@ class UpdateWorkers:
 
 
 _live: dict[str, Any] = {}
+_live_lock = threading.RLock()
 
 
 def live_workers(key: str, start: Callable[[], UpdateWorkers]) -> UpdateWorkers:
     """The process's running group for ``key`` (its launch settings), started (and any other one stopped) when
     there is none or it died."""
-    workers = _live.get("workers")
-    if workers is not None and (_live.get("key") != key or not workers.alive()):
-        close_live_workers()
-        workers = None
-    if workers is None:
-        workers = start()
-        _live.update(workers=workers, key=key)
-    return workers
+    with _live_lock:
+        workers = _live.get("workers")
+        if workers is not None and (_live.get("key") != key or not workers.alive()):
+            close_live_workers()
+            workers = None
+        if workers is None:
+            workers = start()
+            _live.update(workers=workers, key=key)
+        return workers
 
 
 def close_live_workers() -> None:
     """Stop the running group, if any (the rl flow's end)."""
-    workers = _live.pop("workers", None)
-    _live.pop("key", None)
-    if workers is not None:
-        workers.close()
+    with _live_lock:
+        workers = _live.pop("workers", None)
+        _live.pop("key", None)
+        if workers is not None:
+            workers.close()
 
 
 def main(argv: list[str] | None = None) -> int:
