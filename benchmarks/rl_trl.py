@@ -86,9 +86,7 @@ class CodemillRun:
         self.policy, self.optimizer, self.key, self.i = out / "hf", str(out / "optimizer"), f"policy-{i}", i + 1
         return {"generation_s": t["generation_s"], "reward_s": t["reward_wait_s"], "update_s": t2 - t1,
                 "sync_s": t["weight_sync_s"], "iteration_s": t2 - t0, "samples": len(rows),
-                "tokens": sum(len(r["completion_ids"]) for r in rows),
-                "pass_rate": sum(r["reward"] for r in rows) / len(rows),
-                "rollout_other_s": (t1 - t0) - t["generation_s"] - t["reward_wait_s"] - t["weight_sync_s"]}
+                "tokens": sum(len(r["completion_ids"]) for r in rows)}
 
 
 def trl_trainer(policy: Path, problems: list, pool: JudgePool, args: argparse.Namespace, out: Path,

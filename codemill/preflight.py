@@ -63,7 +63,7 @@ def needs_of(command: str, cfg: PipelineConfig, until: str = "evaluate") -> Need
         update_device = getattr(cfg.rl.algorithm, "device", cfg.train.device)  # rft trains with train's device
         rollout_vllm = "rl.rollout.engine" if cfg.rl.rollout.engine == "vllm" else None
         return Needs(sandbox=True, training=True, devices=(cfg.train.device, update_device),
-                     vllm=rollout_vllm or (eval_vllm if cfg.evaluate.suites else None))
+                     vllm=rollout_vllm or eval_vllm)
     if command == "serve":  # serves every deployment: the pipeline, evaluation, problems and RL
         return Needs(sandbox=True, training=True, devices=(cfg.train.device,))
     raise ValueError(f"no preflight for command {command!r}")

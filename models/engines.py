@@ -540,10 +540,14 @@ def build_engine(rollout: RolloutConfig, policy_dir: str | Path, device: str) ->
     """The engine ``rollout.engine`` names, on ``policy_dir``, with its context and options: the one place the RL
     flow and the benchmarks make an engine."""
     if rollout.engine == "vllm":
-        o = rollout.vllm
-        return VLLMEngine(policy_dir, dtype=o.dtype, gpu_memory_utilization=o.gpu_memory_utilization,
-                          enforce_eager=o.enforce_eager, max_context=rollout.context_len, recompute_device=device)
+        return vllm_engine(policy_dir, rollout.vllm, rollout.context_len, device)
     return HFEngine(policy_dir, device=device, max_context=rollout.context_len)
+
+
+def vllm_engine(policy_dir: str | Path, options: Any, max_context: int, device: str) -> VLLMEngine:
+    """A vLLM engine with ``options`` (a ``config.VLLMOptions``)."""
+    return VLLMEngine(policy_dir, dtype=options.dtype, gpu_memory_utilization=options.gpu_memory_utilization,
+                      enforce_eager=options.enforce_eager, max_context=max_context, recompute_device=device)
 
 
 _LIVE: dict[str, Any] = {}  # the process's vLLM engine: its settings' key and the engine
@@ -568,8 +572,7 @@ def live_vllm(policy_dir: str | Path, options: Any, max_context: int, device: st
     if not _LIVE_EXIT:  # registered after multiprocessing's exit handler, so it runs first (atexit is LIFO)
         atexit.register(close_live_vllm)
         _LIVE_EXIT.append(True)
-    engine = VLLMEngine(policy_dir, dtype=options.dtype, gpu_memory_utilization=options.gpu_memory_utilization,
-                        enforce_eager=options.enforce_eager, max_context=max_context, recompute_device=device)
+    engine = vllm_engine(policy_dir, options, max_context, device)
     _LIVE["vllm"] = (key, engine)
     return engine
 

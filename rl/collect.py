@@ -1,7 +1,7 @@
 """One RL iteration's rollouts from its config: the engine ``rl.rollout.engine`` names (a vLLM engine lives
 across iterations in this process and gets each new policy's weights: ``models.engines.live_vllm``), the judge
-pool with the rollout's
-sandbox limits, the environment ``rl.env`` names, and the rollout loop; or the same on Ray workers.
+pool with the rollout's sandbox limits, the environment ``rl.env`` names, and the rollout loop; or the same on
+Ray workers.
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ import os
 import shutil
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -393,9 +393,8 @@ class GRPOUpdate:
         """What a long-lived worker holds for the next update once this one's export is named ``key``: the
         trained state, or when the update trained nothing the state it started from (None if that was read
         from disk)."""
-        if self.trained is not None:
-            return KeptPolicy(key, self.trained.model, self.trained.optim)
-        return KeptPolicy(key, self.kept.model, self.kept.optim) if self.kept is not None else None
+        state = self.trained or self.kept
+        return replace(state, key=key) if state is not None else None
 
     def save_optimizer(self) -> None:
         """The optimizer state after this update, committed under ``optimizer_out`` (skip: copied through)."""
