@@ -225,6 +225,12 @@ def _preallocated_layer() -> type:
             self.keys, self.values = self._k[:, :, :end], self._v[:, :, :end]
             return self.keys, self.values
 
+        def select_rows(self, rows: torch.Tensor) -> None:
+            """Row ``i`` becomes a copy of row ``rows[i]``: one prefill's keys and values handed to every row
+            that shares its prompt."""
+            self._k, self._v = self._k.index_select(0, rows), self._v.index_select(0, rows)
+            self.keys, self.values = self._k[:, :, :self._len], self._v[:, :, :self._len]
+
     return PreallocatedLayer
 
 
@@ -339,8 +345,7 @@ class HFEngine:
         texts = [""] * n
         longest_stop = max((len(s) for s in params.stop), default=0)
         cache = preallocated_cache(self.model, width + steps)
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
-                         logits_to_keep=1, **({self._cache_arg: cache} if cache is not None else {}))
+        out = self._prefill(ids, mask, positions, cache, prompt_ids)
         next_pos = positions[:, -1:] + 1
         for t in range(steps):
             logp = torch.log_softmax(out.logits[:, -1, :].float() / logprob_temperature(params.temperature), dim=-1)
@@ -379,6 +384,33 @@ class HFEngine:
             text, _ = truncate_at_stop(str(self.tokenizer.decode(tokens[r], skip_special_tokens=True)), params.stop)
             result.append(Completion(text, list(prompt_ids[r]), tokens[r], lps[r], str(reason[r])))
         return result
+
+
+    def _prefill(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any | None,
+                 prompt_ids: list[list[int]]) -> Any:
+        """The prompts' forward pass, each distinct prompt once: the k samples of a prompt share its keys, values
+        and first logits (copied into their rows), which are bit-identical to computing every row, since a row's
+        arithmetic does not depend on the other rows of the batch. Only with the preallocated cache, whose rows
+        can be copied; the model's own cache prefills every row."""
+        slot: dict[tuple[int, ...], int] = {}
+        firsts: list[int] = []  # the first row of each distinct prompt
+        source: list[int] = []  # each row's distinct prompt
+        for r, p in enumerate(prompt_ids):
+            if tuple(p) not in slot:
+                slot[tuple(p)] = len(firsts)
+                firsts.append(r)
+            source.append(slot[tuple(p)])
+        if cache is None or len(firsts) == len(prompt_ids):
+            return self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
+                              logits_to_keep=1, **({self._cache_arg: cache} if cache is not None else {}))
+        unique = torch.tensor(firsts, device=ids.device)
+        out = self.model(input_ids=ids[unique], attention_mask=mask[unique], position_ids=positions[unique],
+                         use_cache=True, logits_to_keep=1, **{self._cache_arg: cache})
+        rows = torch.tensor(source, device=ids.device)
+        for layer in cache.layers:
+            layer.select_rows(rows)
+        out.logits = out.logits.index_select(0, rows)
+        return out
 
 
 def _iter_safetensors(hf_dir: str) -> Iterator[tuple[str, torch.Tensor]]:

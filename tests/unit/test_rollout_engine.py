@@ -278,3 +278,29 @@ def test_the_vllm_engine_says_what_is_missing(policy):
         pytest.skip("vLLM is installed here")
     with pytest.raises(RuntimeError, match="pip install vllm"):
         VLLMEngine(policy)
+
+
+def test_a_prompt_shared_by_its_samples_is_prefilled_once_with_the_same_tokens(engine, monkeypatch):
+    """The k samples of a prompt take its keys, values and first logits from one prefill row: bit-identical
+    tokens and log-probs to prefilling every row, and the prefill forward sees each distinct prompt once."""
+    from codemill.models import engines
+
+    params = RolloutParams(temperature=1.0, max_new_tokens=16, stop=("\ndef ",))
+    widths: list[int] = []
+    forward = engine.model.forward
+
+    def counted(*args, **kwargs):
+        widths.append(kwargs["input_ids"].shape[0])
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(engine.model, "forward", counted)
+    shared = engine.generate(PROMPTS, 4, params, SEEDS)
+    assert widths[0] == len(PROMPTS) and widths[1] == 4 * len(PROMPTS)
+    monkeypatch.setattr(engines.HFEngine, "_prefill", lambda self, ids, mask, positions, cache, prompt_ids:
+                        self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
+                                   logits_to_keep=1, cache=cache))
+    widths.clear()
+    every_row = engine.generate(PROMPTS, 4, params, SEEDS)
+    assert widths[0] == 4 * len(PROMPTS)
+    assert [(c.completion_ids, c.logprobs, c.finish_reason) for c in _flat(shared)] == \
+        [(c.completion_ids, c.logprobs, c.finish_reason) for c in _flat(every_row)]
