@@ -49,11 +49,12 @@ def collect_iteration(cfg: RLConfig, problems: Sequence[ExecProblem], policy_hf:
         engine = (live_vllm(policy_hf, r.vllm, r.context_len, device) if r.engine == "vllm"
                   else build_engine(r, policy_hf, device))
         weight_sync_s = time.monotonic() - t0
-        with JudgePool(limits, workers=r.workers) as pool, _cpu_threads_beside_judges(device, r.overlap, r.threads):
+        generators = generation_threads(r, device)
+        with JudgePool(limits, workers=r.workers) as pool, _cpu_threads_beside_judges(device, r.overlap, generators):
             env = env_for(cfg.env, engine, pool, r.max_new_tokens, reward=r.reward)
             rows, timings = collect_rollouts(engine, env, problems, k, params, seed,
                                              batch_problems=r.batch_problems, overlap=r.overlap,
-                                             on_batch=lambda i, n: say(f"batch {i}/{n}"))
+                                             generators=generators, on_batch=lambda i, n: say(f"batch {i}/{n}"))
     info = engine_info(engine)
     return rows, {**timings.as_dict(), "weight_sync_s": weight_sync_s, "engine": info["engine"],
                   "engine_version": info["version"]}
@@ -62,18 +63,29 @@ def collect_iteration(cfg: RLConfig, problems: Sequence[ExecProblem], policy_hf:
 _LIVE_LOCK = threading.Lock()  # one rollouts task at a time on the process's live vLLM engine
 
 
+def generation_threads(r: RolloutConfig, device: str) -> int:
+    """Batches HFEngine generates at once on CPU (``rl.rollout.threads``; empty: one per usable core). One
+    elsewhere: a GPU runs one batch at a time, and vLLM batches on its own."""
+    from codemill.cpus import usable_cpus
+
+    if device != "cpu" or r.engine != "hf" or not r.overlap:
+        return 1
+    return r.threads or usable_cpus()
+
+
 @contextmanager
-def _cpu_threads_beside_judges(device: str, overlap: bool, threads: int | None = None) -> Iterator[None]:
-    """Generation on CPU leaves one core to the sandboxes it overlaps with unless ``threads`` says otherwise:
-    torch's threads spin while they wait, and spinning threads that share their cores with other work
-    (another job on the machine) made sampling several times slower."""
+def _cpu_threads_beside_judges(device: str, overlap: bool, generators: int = 1) -> Iterator[None]:
+    """torch threads on CPU while generating: one per generation thread when several generate at once (each
+    batch on its own core; an idle single-threaded op does not spin), else every core but one left to the
+    sandboxes the generation overlaps with: torch's threads spin while they wait, and spinning threads that share
+    their cores with other work (another job on the machine) made sampling several times slower."""
     import torch
 
     from codemill.cpus import usable_cpus
 
     before = torch.get_num_threads()
-    if device == "cpu" and threads:
-        torch.set_num_threads(threads)
+    if device == "cpu" and generators > 1:
+        torch.set_num_threads(1)
     elif device == "cpu" and overlap:
         torch.set_num_threads(max(1, min(before, usable_cpus() - 1)))
     try:

@@ -2,10 +2,11 @@
 ``RolloutEngine`` token in, token out, written as the contract's rollouts table (``codemill.rl.trajectory``).
 
 ``collect_rollouts`` walks the problems in fixed batches (``batch_problems`` consecutive groups; a problem's
-group is its index in the iteration). A batch's turn is generated in this thread and stepped (judged) in a
-background one, so judging one batch overlaps generating another: a batch whose step came back with live
-episodes gets its next turn first, otherwise the next batch starts (``overlap=False`` steps each turn before
-generating anything else: the benchmark's reference). A group's first turn is sampled with
+group is its index in the iteration). A batch's turn is generated on one of ``generators`` threads and stepped
+(judged) on a background one, so judging one batch overlaps generating others: a batch whose step came back with
+live episodes gets its next turn first, otherwise the next batch starts (``overlap=False`` steps each turn before
+generating anything else: the benchmark's reference). A batch's tokens depend on nothing but the batch, so the
+rows are the same for any number of generation threads. A group's first turn is sampled with
 ``derive_seed(seed, group)`` for its k samples; later turns with the episode's own seed and the turn, so the
 samples do not depend on the batching, the order or the worker (``rollout_ray`` shards whole batches over Ray).
 
@@ -33,9 +34,6 @@ from codemill.sandbox.judge_pool import JudgePool
 from codemill.sandbox.rewards import Reward, score
 
 RETRY_KINDS = ("no_verdict", "judge_error")  # the host got no verdict from the judge: judge again
-# Batches generated and not yet settled: one being stepped and one waiting. More would only queue steps, and an
-# episode's wall clock (from its batch's start) would run while it waits in the queue.
-MAX_BATCHES_IN_FLIGHT = 2
 
 
 def prompt_seed(seed: int, group: int) -> int:
@@ -141,6 +139,7 @@ class _Batch:
     turn: int = 0
     step: Future[list[StepResult]] | None = None
     stepping: list[Episode] = field(default_factory=list)
+    turn_gen: Future[None] | None = None  # the turn being generated
 
     @property
     def live(self) -> list[Episode]:
@@ -154,14 +153,19 @@ def turn_seed(episode_seed: int, turn: int) -> int:
 
 def collect_rollouts(engine: RolloutEngine, env: Environment, problems: Sequence[ExecProblem], k: int,
                      params: RolloutParams, seed: int, *, batch_problems: int = 8, overlap: bool = True,
-                     groups: Sequence[int] | None = None,
+                     groups: Sequence[int] | None = None, generators: int = 1,
                      on_batch: Callable[[int, int], None] | None = None) -> tuple[list[dict[str, Any]], RolloutTimings]:
     """``k`` episodes per problem in ``env``: trajectory rows sorted by (group, sample), and timings.
 
     ``groups`` are the problems' indices in the iteration (default 0..n-1); a worker given a shard of whole batches
-    passes their global indices, so its rows are the ones the single-process run makes."""
+    passes their global indices, so its rows are the ones the single-process run makes. ``generators``: batches
+    generated at once, each on its own thread (an engine that is safe to call from several threads: HFEngine;
+    on CPU, one torch thread each, so they run on separate cores). At most one more batch than that is in flight
+    (being stepped); more would only queue steps while an episode's wall clock runs."""
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
+    if generators < 1:
+        raise ValueError(f"generators must be >= 1, got {generators}")
     groups = list(range(len(problems))) if groups is None else list(groups)
     if len(groups) != len(problems):
         raise ValueError(f"{len(problems)} problems but {len(groups)} groups")
@@ -194,10 +198,11 @@ def collect_rollouts(engine: RolloutEngine, env: Environment, problems: Sequence
             actions = [cs[0] for cs in generated]
         spent = time.monotonic() - t0
         tokens = sum(len(c.completion_ids) for c in actions)
-        timings.generation_s += spent
-        timings.tokens += tokens
+        with lock:
+            timings.generation_s += spent
+            timings.tokens += tokens
+            timings.samples += len(actions) if batch.turn == 0 else 0
         if batch.turn == 0:
-            timings.samples += len(actions)
             m.rollout_samples.inc(len(actions))
             m.rollout_samples_in_flight.inc(len(actions))
         m.rollout_generation_seconds.inc(spent)
@@ -257,15 +262,23 @@ def collect_rollouts(engine: RolloutEngine, env: Environment, problems: Sequence
             episodes += [Episode.start(problem, group, j, derive_seed("episode", pseed, j), reset, now)
                          for j in range(k)]
         batch = _Batch(b, episodes)
-        generate(batch)
+        batch.turn_gen = generator.submit(generate, batch)
         return batch
 
+    generators = generators if overlap else 1
+    in_flight = generators + 1 if overlap else 1
     running: list[_Batch] = []
     next_batch = 0
     stepper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="codemill-rewards")
+    generator = ThreadPoolExecutor(max_workers=generators, thread_name_prefix="codemill-generate")
     try:
         while next_batch < len(batches) or running:
-            ready = [b for b in running if b.step is not None and b.step.done()]
+            for b in running:
+                if b.turn_gen is not None and b.turn_gen.done():
+                    b.turn_gen.result()  # a failed generation raises here; a done one has submitted its step
+                    b.turn_gen = None
+            generating = sum(b.turn_gen is not None for b in running)
+            ready = [b for b in running if b.turn_gen is None and b.step is not None and b.step.done()]
             if ready:
                 batch = ready[0]
                 if settle(batch):
@@ -274,19 +287,22 @@ def collect_rollouts(engine: RolloutEngine, env: Environment, problems: Sequence
                     if on_batch:
                         on_batch(finished, len(batches))
                 else:
-                    generate(batch)
-            elif next_batch < len(batches) and (not running or overlap and len(running) < MAX_BATCHES_IN_FLIGHT):
+                    batch.turn_gen = generator.submit(generate, batch)
+            elif next_batch < len(batches) and generating < generators and len(running) < in_flight:
                 running.append(start(next_batch))
                 next_batch += 1
             else:
                 t0 = time.monotonic()
-                wait([b.step for b in running if b.step is not None], return_when=FIRST_COMPLETED)
-                timings.reward_wait_s += time.monotonic() - t0
+                pending: list[Future[Any]] = [f for b in running for f in (b.turn_gen, b.step) if f is not None]
+                wait(pending, return_when=FIRST_COMPLETED)
+                if not generating:
+                    timings.reward_wait_s += time.monotonic() - t0
     except BaseException:
         m.rollout_samples_in_flight.dec(sum(len(b.episodes) for b in running))
         raise
-    finally:
-        stepper.shutdown(wait=True, cancel_futures=True)  # a failure does not wait for the queued steps
+    finally:  # a failure does not wait for the queued work
+        generator.shutdown(wait=True, cancel_futures=True)
+        stepper.shutdown(wait=True, cancel_futures=True)
     timings.batches = len(batches)
     timings.wall_s = time.monotonic() - t_start
     rows.sort(key=lambda r: (r["group"], r["sample"]))

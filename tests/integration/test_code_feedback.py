@@ -75,6 +75,19 @@ def episodes(policy, tmp_path_factory) -> tuple[list[dict[str, Any]], RecordingE
     return rows, engine
 
 
+def test_episodes_do_not_depend_on_how_many_batches_generate_at_once(episodes, policy):
+    """Two generation threads, each batch's turns on whichever is free: the same rows token for token."""
+    rows, _ = episodes
+    engine = HFEngine(policy)
+    with JudgePool(LIMITS, workers=1) as pool:
+        env = env_for(CodeFeedbackConfig(max_turns=4, visible_cases=2), engine, pool, PARAMS.max_new_tokens)
+        threaded, timings = collect_rollouts(engine, env, PROBLEMS, 2, PARAMS, seed=5, batch_problems=2,
+                                             generators=2)
+    assert timings.samples == 6 and timings.batches == 2
+    assert [{k: v for k, v in r.items() if k != "duration_s"} for r in threaded] == \
+        [{k: v for k, v in r.items() if k != "duration_s"} for r in rows]
+
+
 def test_four_turn_episodes_train_on_exactly_the_sampled_tokens(episodes):
     rows, engine = episodes
     assert [r["turns"] for r in rows] == [4] * 6  # an untrained policy fails every visible test: all 4 turns

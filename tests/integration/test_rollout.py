@@ -108,8 +108,9 @@ def test_rewards_of_known_completions_through_the_sandbox(policy, pool, tmp_path
 
 
 def test_model_rollouts_overlapped_or_not_are_the_same(policy, pool, tmp_path, monkeypatch):
-    """The real engine end to end: rows of both modes equal (but the judge's timings). With overlap the first batch
-    is still being judged when the engine has moved on to the next one; without, it is judged before."""
+    """The real engine end to end: rows of every mode equal (but the judge's timings). With overlap the first batch
+    is still being judged when the engine has moved on to the next one; without, it is judged before. With two
+    generation threads two batches are generated at the same time."""
     import codemill.rl.rollout as rollout
 
     engine = HFEngine(policy)
@@ -125,30 +126,42 @@ def test_model_rollouts_overlapped_or_not_are_the_same(policy, pool, tmp_path, m
 
     monkeypatch.setattr(rollout, "judge_counted", timed_judge)
     real_generate = engine.generate_ids
-    generated_at: list[float] = []  # when the engine started a batch's generation
+    generating: list[tuple[float, float]] = []  # when the engine started and ended a batch's generation
 
     def timed_generate(*args, **kwargs):  # observes only: the real engine samples
-        generated_at.append(time.monotonic())
-        return real_generate(*args, **kwargs)
+        start = time.monotonic()
+        try:
+            return real_generate(*args, **kwargs)
+        finally:
+            generating.append((start, time.monotonic()))
 
     monkeypatch.setattr(engine, "generate_ids", timed_generate)
     runs = {}
-    for overlap in (True, False):
+    for overlap, generators in ((True, 1), (False, 1), (True, 2)):
         judged_until.clear()
-        generated_at.clear()
+        generating.clear()
         finished: list[int] = []
         env = env_for(None, engine, pool, params.max_new_tokens)
-        runs[overlap] = collect_rollouts(engine, env, PROBLEMS, 2, params, seed=3, batch_problems=1, overlap=overlap,
-                                         on_batch=lambda i, n, f=finished: f.append(i))
-        assert finished == [1, 2, 3, 4] and len(generated_at) == 4
-        first_judged, second_generated = judged_until[0], generated_at[1]
-        assert (first_judged > second_generated) is overlap
-    (rows_o, t_o), (rows_s, t_s) = runs[True], runs[False]
-    strip = [{k: v for k, v in r.items() if k != "duration_s"} for r in rows_o]
-    assert strip == [{k: v for k, v in r.items() if k != "duration_s"} for r in rows_s]
+        runs[overlap, generators] = collect_rollouts(engine, env, PROBLEMS, 2, params, seed=3, batch_problems=1,
+                                                     overlap=overlap, generators=generators,
+                                                     on_batch=lambda i, n, f=finished: f.append(i))
+        assert finished == [1, 2, 3, 4] and len(generating) == 4
+        spans = sorted(generating)
+        at_once = any(b[0] < a[1] for a, b in zip(spans, spans[1:], strict=False))
+        assert at_once is (generators == 2)
+        if generators == 1:
+            first_judged, second_generated = judged_until[0], spans[1][0]
+            assert (first_judged > second_generated) is overlap
+    (rows_o, t_o), (rows_s, t_s), (rows_2, t_2) = runs[True, 1], runs[False, 1], runs[True, 2]
+
+    def strip(rows):
+        return [{k: v for k, v in r.items() if k != "duration_s"} for r in rows]
+
+    assert strip(rows_o) == strip(rows_s) == strip(rows_2)
     assert len(rows_o) == 8 and {r["finish_reason"] for r in rows_o} <= {"stop", "eos", "length"}
     assert all(r["reward"] == 0.0 for r in rows_o)  # an untrained model solves nothing
-    assert t_o.overlap and not t_s.overlap and t_o.tokens == t_s.tokens
+    assert t_o.overlap and not t_s.overlap and t_o.tokens == t_s.tokens == t_2.tokens
+    assert t_2.samples == 8
     # Without overlap generation waits for every judging; with it, only for what is left after the last batch.
     assert t_s.reward_wait_s == pytest.approx(t_s.reward_s, abs=0.05) and t_o.reward_wait_s < t_o.reward_s
     write_rollouts(rows_o, tmp_path)
