@@ -31,7 +31,9 @@ import hashlib
 import importlib
 import importlib.util
 import inspect
+import threading
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -584,6 +586,15 @@ def vllm_engine(policy_dir: str | Path, options: Any, max_context: int, device: 
 
 _LIVE: dict[str, Any] = {}  # the process's vLLM engine: its settings' key and the engine
 _LIVE_EXIT: list[bool] = []  # close_live_vllm registered with atexit
+_LIVE_LOCK = threading.Lock()  # one user at a time: a rollouts task or an eval suite
+
+
+@contextmanager
+def using_live_vllm(policy_dir: str | Path, options: Any, max_context: int, device: str) -> Iterator[VLLMEngine]:
+    """``live_vllm``'s engine held for one user (a rollouts task, an eval suite) until the block ends: another
+    thread of the process (a concurrent Prefect task) waits rather than swap the weights under it."""
+    with _LIVE_LOCK:
+        yield live_vllm(policy_dir, options, max_context, device)
 
 
 def live_vllm(policy_dir: str | Path, options: Any, max_context: int, device: str) -> VLLMEngine:

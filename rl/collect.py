@@ -1,19 +1,18 @@
 """One RL iteration's rollouts from its config: the engine ``rl.rollout.engine`` names (a vLLM engine lives
-across iterations in this process and gets each new policy's weights: ``models.engines.live_vllm``), the judge
+across iterations in this process and gets each new policy's weights: ``models.engines.using_live_vllm``), the judge
 pool with the rollout's sandbox limits, the environment ``rl.env`` names, and the rollout loop; or the same on
 Ray workers.
 """
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 from codemill.config import RLConfig, RolloutConfig
-from codemill.models.engines import RolloutParams, build_engine, engine_info, live_vllm
+from codemill.models.engines import RolloutParams, build_engine, engine_info, using_live_vllm
 from codemill.problems.problem import ExecProblem
 from codemill.rl.envs import env_for
 from codemill.rl.rollout import collect_rollouts
@@ -44,10 +43,9 @@ def collect_iteration(cfg: RLConfig, problems: Sequence[ExecProblem], policy_hf:
                                              max_context=r.context_len, device=device, workers=r.workers,
                                              env_config=cfg.env, reward=r.reward)
         return rows, {**timings.as_dict(), "weight_sync_s": 0.0, "engine": "hf"}
-    with _LIVE_LOCK:  # one rollouts task at a time on the process's live vLLM engine
-        t0 = time.monotonic()
-        engine = (live_vllm(policy_hf, r.vllm, r.context_len, device) if r.engine == "vllm"
-                  else build_engine(r, policy_hf, device))
+    t0 = time.monotonic()
+    with (using_live_vllm(policy_hf, r.vllm, r.context_len, device) if r.engine == "vllm"
+          else nullcontext(build_engine(r, policy_hf, device))) as engine:
         weight_sync_s = time.monotonic() - t0
         generators = generation_threads(r, device)
         with JudgePool(limits, workers=r.workers) as pool, _cpu_threads_beside_judges(device, r.overlap, generators):
@@ -58,9 +56,6 @@ def collect_iteration(cfg: RLConfig, problems: Sequence[ExecProblem], policy_hf:
     info = engine_info(engine)
     return rows, {**timings.as_dict(), "weight_sync_s": weight_sync_s, "engine": info["engine"],
                   "engine_version": info["version"]}
-
-
-_LIVE_LOCK = threading.Lock()  # one rollouts task at a time on the process's live vLLM engine
 
 
 def generation_threads(r: RolloutConfig, device: str) -> int:

@@ -123,6 +123,7 @@ class Episode:
     loss_mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     turn_starts: list[int] = field(default_factory=list)
+    turn_finish_reasons: list[str] = field(default_factory=list)
     turn_rewards: list[float] = field(default_factory=list)
     last_action: Completion | None = None
     info: StepInfo | None = None
@@ -149,6 +150,7 @@ class Episode:
         if len(action.completion_ids) != len(action.logprobs):
             raise ValueError(f"{len(action.completion_ids)} sampled tokens but {len(action.logprobs)} log-probs")
         self.turn_starts.append(len(self.tokens))
+        self.turn_finish_reasons.append(action.finish_reason)
         self.tokens += action.completion_ids
         self.loss_mask += [1] * len(action.completion_ids)
         self.logprobs += action.logprobs

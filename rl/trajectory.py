@@ -4,10 +4,11 @@
 ``prompt_ids`` is the first observation; ``completion_ids`` every token after it, in order: the policy's sampled
 turns (``loss_mask`` 1, with their sampling log-probs) and the environment's observations between them
 (``loss_mask`` 0, log-prob 0.0). ``turn_starts`` holds the offset in ``completion_ids`` of each turn's first
-sampled token, ``turn_rewards`` each turn's reward (``reward`` is their sum, or 0 for an episode cut on a
-limit). A single-turn episode is one sampled turn with every mask 1: the table of a one-step environment is the
-single-turn table with ``turns`` 1. ``completion`` is the text of the last turn (the solution that was graded);
-``outcome``, ``partial`` and ``suspicious`` are the last step's. ``duration_s`` is the episode's sandbox time.
+sampled token, ``turn_finish_reasons`` how each turn's sampling ended, ``turn_rewards`` each turn's reward
+(``reward`` is their sum, or 0 for an episode cut on a limit). A single-turn episode is one sampled turn with
+every mask 1: the table of a one-step environment is the single-turn table with ``turns`` 1. ``completion`` is
+the text of the last turn (the solution that was graded); ``outcome``, ``partial`` and ``suspicious`` are the
+last step's. ``duration_s`` is the episode's sandbox time.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ ROLLOUT_SCHEMA = pa.schema([
     ("logprobs", pa.list_(pa.float32())),
     ("turn_starts", pa.list_(pa.int32())),
     ("turns", pa.int32()),
+    ("turn_finish_reasons", pa.list_(pa.string())),
     ("finish_reason", pa.string()),
     ("reward", pa.float64()),
     ("turn_rewards", pa.list_(pa.float64())),
@@ -58,7 +60,8 @@ def trajectory_row(ep: Episode) -> dict[str, Any]:
     return {"problem_id": ep.task.problem_id, "group": ep.group, "sample": ep.sample, "prompt": ep.task.prompt,
             "completion": ep.last_action.text, "prompt_ids": ep.prompt_ids, "completion_ids": ep.tokens,
             "loss_mask": ep.loss_mask, "logprobs": ep.logprobs, "turn_starts": ep.turn_starts, "turns": ep.turns,
-            "finish_reason": ep.finish_reason, "reward": ep.reward, "turn_rewards": ep.turn_rewards,
+            "turn_finish_reasons": ep.turn_finish_reasons, "finish_reason": ep.finish_reason, "reward": ep.reward,
+            "turn_rewards": ep.turn_rewards,
             "partial": info.partial if info else 0.0, "outcome": info.outcome if info else ep.finish_reason,
             "duration_s": ep.sandbox_s, "suspicious": (info.suspicious if info else None) or ""}
 
@@ -144,7 +147,7 @@ def _check(table: pa.Table) -> list[str]:
         problems.append(f"null values in {nulls}")
         return problems
     cols = table.select(["group", "sample", "completion_ids", "loss_mask", "logprobs", "turn_starts", "turns",
-                         "turn_rewards", "reward", "finish_reason"]).to_pydict()
+                         "turn_finish_reasons", "turn_rewards", "reward", "finish_reason"]).to_pydict()
     keys = list(zip(cols["group"], cols["sample"], strict=True))
     if any(b <= a for a, b in zip(keys, keys[1:], strict=False)):
         problems.append("rows are not sorted by (group, sample) without duplicates")
@@ -167,6 +170,13 @@ def _check(table: pa.Table) -> list[str]:
     if bad_reward:
         problems.append(f"rows {bad_reward[:5]} have a reward that is not the sum of their turn_rewards (0 for an "
                         "episode cut on a limit)")
+    bad_turn_reasons = [i for i, (reasons, turns, reason) in enumerate(zip(
+        cols["turn_finish_reasons"], cols["turns"], cols["finish_reason"], strict=True))
+        if len(reasons) != turns or any(r not in FINISH_REASONS for r in reasons)
+        or (reason not in CUT_REASONS and reasons and reasons[-1] != reason)]
+    if bad_turn_reasons:
+        problems.append(f"rows {bad_turn_reasons[:5]} do not have one turn_finish_reasons value per turn (each "
+                        f"one of {list(FINISH_REASONS)}, the last equal to finish_reason unless the episode was cut)")
     reasons = sorted({r for r in cols["finish_reason"] if r not in EPISODE_FINISH_REASONS}, key=str)
     if reasons:
         problems.append(f"unknown finish_reason values {reasons[:5]} (expected one of "

@@ -17,7 +17,8 @@ complete-looking export. Stdout: ``{"event": "start"}``, one ``{"event": "step"}
 the caller deletes them once the export is committed.
 
 Metrics (the done line and ``update_summary.json``; the same keys when skipped):
-  selection   samples, samples_kept, samples_truncated, groups, groups_kept (groups with a sample that trained),
+  selection   samples, samples_kept, samples_truncated, turns_truncated (turns before an episode's last cut at
+              max_new_tokens: no loss with overlong masking), groups, groups_kept (groups with a sample that trained),
               groups_zero_variance, groups_dropped (by dynamic sampling), adv_abs_mean
   loss        loss (the optimised objective), pg_loss (its clipped policy part): means over steps
   per token   kl (kl_ref with a reference, else kl_old), kl_old (k3 KL of the current policy to the sampling
@@ -74,8 +75,8 @@ from codemill.rl.algorithms.grpo import (
     zero_variance_groups,
 )
 
-ROLLOUT_COLUMNS = ["group", "sample", "prompt_ids", "completion_ids", "loss_mask", "logprobs", "finish_reason",
-                   "reward"]
+ROLLOUT_COLUMNS = ["group", "sample", "prompt_ids", "completion_ids", "loss_mask", "logprobs", "turn_starts",
+                   "turn_finish_reasons", "finish_reason", "reward"]
 SUMMARY = "update_summary.json"
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".safetensors.index.json", ".bin.index.json")
 
@@ -137,10 +138,19 @@ def read_rollouts(path: Path) -> dict[str, list]:
     return table.to_pydict()
 
 
+def truncated_turns(starts: list[int], reasons: list[str], length: int) -> list[tuple[int, int]]:
+    """The spans of ``completion_ids`` (a turn's sampled tokens and the observation after them) of the turns
+    before the last that were cut at ``max_new_tokens``; the last turn's cut is the episode's ``finish_reason``."""
+    ends = [*starts[1:], length]
+    return [(starts[t], ends[t]) for t in range(len(starts) - 1) if reasons[t] == "length"]
+
+
 def plan_update(table: dict[str, list], cfg: GRPOConfig, max_new_tokens: int | None = None) -> UpdatePlan:
     """Advantages over whole groups (truncated samples included: they are part of the group's baseline), then the
-    samples that get a loss: groups that survive dynamic sampling, completions that were not truncated (overlong
-    masking), and that have at least one token."""
+    samples that get a loss: groups that survive dynamic sampling, episodes that were not truncated (overlong
+    masking), and that have at least one token to train on. With overlong masking a turn cut at
+    ``max_new_tokens`` before an episode's last gets no loss either: the environment answered a cut-off program,
+    and the episode's reward says nothing about how that turn should have ended."""
     rewards = np.asarray(table["reward"], dtype=np.float64)
     groups = np.asarray(table["group"])
     n = len(rewards)
@@ -157,14 +167,22 @@ def plan_update(table: dict[str, list], cfg: GRPOConfig, max_new_tokens: int | N
     truncated = ~overlong_keep(table["finish_reason"])
     if cfg.overlong_mask:
         keep &= ~truncated
-    keep &= np.array([sum(m) > 0 for m in table["loss_mask"]], dtype=bool)
+    masks = [list(m) for m in table["loss_mask"]]
+    cut_turns = 0
+    for i in range(n):
+        for a, b in truncated_turns(table["turn_starts"][i], table["turn_finish_reasons"][i], len(masks[i])):
+            cut_turns += 1
+            if cfg.overlong_mask:
+                masks[i][a:b] = [0] * (b - a)
+    keep &= np.array([sum(m) > 0 for m in masks], dtype=bool)
     samples = [Sample(list(table["prompt_ids"][i]), list(table["completion_ids"][i]), list(table["logprobs"][i]),
-                      float(adv[i]), list(table["loss_mask"][i])) for i in np.flatnonzero(keep)]
+                      float(adv[i]), masks[i]) for i in np.flatnonzero(keep)]
     all_groups = set(groups.tolist())
     zv_groups = set(groups[zero_var].tolist())
     kept_groups = set(groups[keep].tolist())
     longest = max((sum(m) for m in table["loss_mask"]), default=1)
     stats = {"samples": n, "samples_kept": len(samples), "samples_truncated": int(truncated.sum()),
+             "turns_truncated": cut_turns,
              "groups": len(all_groups), "groups_kept": len(kept_groups),
              "groups_zero_variance": len(zv_groups),
              "groups_dropped": len(zv_groups) if cfg.dynamic_sampling else 0,

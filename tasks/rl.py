@@ -28,8 +28,8 @@ from codemill.tasks.train import on_cuda, run_torchrun, torchrun_env, trainer_li
 
 ROLLOUTS = "rollouts"
 POLICY = "policy"
-ROLLOUTS_CODE_VERSION = "rollouts-v2"
-POLICY_CODE_VERSION = "policy-v3"
+ROLLOUTS_CODE_VERSION = "rollouts-v3"
+POLICY_CODE_VERSION = "policy-v4"
 ROLLOUTS_FILE = "rollouts.parquet"
 HELDOUT = "val"
 

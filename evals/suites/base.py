@@ -9,6 +9,7 @@ the gate respect. Prefect, the store and MLflow stay in ``tasks/evaluate.py``.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -38,18 +39,18 @@ class EvalModel:
     hf_dir: Path | None = None  # where the model was loaded from (a vLLM engine loads it from there)
     sampler: EvalConfig | None = None  # its ``engine`` and ``vllm``: what the generating suites sample with
 
-    def engine(self, rows_per_forward: int, max_context: int) -> Any:
-        """The sampling engine on this model, the one RL's rollouts use: ``HFEngine`` on the loaded model, or
-        with ``evaluate.engine: vllm`` the process's vLLM engine on the model's folder (started once, given
-        each later model's weights)."""
-        from codemill.models.engines import HFEngine, live_vllm
+    def engine(self, rows_per_forward: int, max_context: int) -> AbstractContextManager[Any]:
+        """The sampling engine on this model, the one RL's rollouts use, for the ``with`` block: ``HFEngine`` on
+        the loaded model, or with ``evaluate.engine: vllm`` the process's vLLM engine on the model's folder
+        (started once, given each later model's weights, held for this block alone)."""
+        from codemill.models.engines import HFEngine, using_live_vllm
 
         if self.sampler is not None and self.sampler.engine == "vllm":
             if self.hf_dir is None:
                 raise ValueError("evaluate.engine vllm needs the model's folder, and this model has none")
-            return live_vllm(self.hf_dir, self.sampler.vllm, max_context, self.device.type)
-        return HFEngine.from_model(self.model, self.tokenizer, rows_per_forward=rows_per_forward,
-                                   max_context=max_context)
+            return using_live_vllm(self.hf_dir, self.sampler.vllm, max_context, self.device.type)
+        return nullcontext(HFEngine.from_model(self.model, self.tokenizer, rows_per_forward=rows_per_forward,
+                                               max_context=max_context))
 
     @property
     def bos_id(self) -> int:

@@ -31,8 +31,8 @@ def run(r: SuiteRun) -> Rows:
     if not items:
         raise ValueError("no completion items: the val files have no lines to complete")
     greedy = RolloutParams(temperature=0, max_new_tokens=sc.max_new_tokens, stop=("\n",))
-    done = r.model.engine(sc.batch_size, sc.context_len).generate([it.prefix for it in items], 1, greedy,
-                                                                 [0] * len(items))
+    with r.model.engine(sc.batch_size, sc.context_len) as engine:
+        done = engine.generate([it.prefix for it in items], 1, greedy, [0] * len(items))
     preds = [cs[0].text for cs in done]
     em = np.array([comp.exact_match(p, it.target) for p, it in zip(preds, items, strict=True)])
     es = np.array([comp.edit_similarity(p, it.target) for p, it in zip(preds, items, strict=True)])

@@ -42,20 +42,22 @@ def humaneval_samples(m: EvalModel, problems: dict[str, ExecProblem], cfg: EvalC
     from codemill.models.engines import RolloutParams, derive_seed
 
     h = cfg.humaneval
-    engine = m.engine(h.batch_size, h.context_len)
     out: list[dict] = []
     ids = list(problems)
     prompts = [problems[t].prompt for t in ids]
-    if h.greedy:
-        greedy = RolloutParams(temperature=0, max_new_tokens=h.max_new_tokens, stop=tuple(he.STOP_SEQUENCES))
-        done = engine.generate(prompts, 1, greedy, [0] * len(ids))
-        out += [{"task_id": t, "completion": cs[0].text, "mode": "greedy"} for t, cs in zip(ids, done, strict=True)]
-    if h.n_samples:
-        sampled = RolloutParams(temperature=h.temperature, top_p=h.top_p, max_new_tokens=h.max_new_tokens,
-                                stop=tuple(he.STOP_SEQUENCES))
-        done = engine.generate(prompts, h.n_samples, sampled, [derive_seed("humaneval", cfg.seed, t) for t in ids])
-        out += [{"task_id": t, "completion": c.text, "mode": "sampled"} for t, cs in zip(ids, done, strict=True)
-                for c in cs]
+    with m.engine(h.batch_size, h.context_len) as engine:
+        if h.greedy:
+            greedy = RolloutParams(temperature=0, max_new_tokens=h.max_new_tokens, stop=tuple(he.STOP_SEQUENCES))
+            done = engine.generate(prompts, 1, greedy, [0] * len(ids))
+            out += [{"task_id": t, "completion": cs[0].text, "mode": "greedy"}
+                    for t, cs in zip(ids, done, strict=True)]
+        if h.n_samples:
+            sampled = RolloutParams(temperature=h.temperature, top_p=h.top_p, max_new_tokens=h.max_new_tokens,
+                                    stop=tuple(he.STOP_SEQUENCES))
+            done = engine.generate(prompts, h.n_samples, sampled,
+                                   [derive_seed("humaneval", cfg.seed, t) for t in ids])
+            out += [{"task_id": t, "completion": c.text, "mode": "sampled"} for t, cs in zip(ids, done, strict=True)
+                    for c in cs]
     return out
 
 

@@ -57,8 +57,8 @@ def infill(m: EvalModel, tasks: list[inf.InfillTask], cfg: EvalConfig) -> list[s
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     stops = (tok.eos_token_id, ids.prefix, ids.middle, ids.suffix)
     greedy = RolloutParams(temperature=0, max_new_tokens=h.max_new_tokens, stop_token_ids=stops)
-    done = m.engine(h.batch_size, h.context_len).generate_ids([prompts[i] for i in order], 1, greedy,
-                                                              [0] * len(order))
+    with m.engine(h.batch_size, h.context_len) as engine:
+        done = engine.generate_ids([prompts[i] for i in order], 1, greedy, [0] * len(order))
     out = [""] * len(tasks)
     for i, cs in zip(order, done, strict=True):
         row = cs[0].completion_ids

@@ -91,6 +91,7 @@ def test_episodes_do_not_depend_on_how_many_batches_generate_at_once(episodes, p
 def test_four_turn_episodes_train_on_exactly_the_sampled_tokens(episodes):
     rows, engine = episodes
     assert [r["turns"] for r in rows] == [4] * 6  # an untrained policy fails every visible test: all 4 turns
+    cut_early = 0
     by_context = {(tuple(c.prompt_ids), tuple(c.completion_ids)): c for c in engine.sampled}
     for r in rows:
         ids, mask, lps, starts = r["completion_ids"], r["loss_mask"], r["logprobs"], r["turn_starts"]
@@ -106,16 +107,27 @@ def test_four_turn_episodes_train_on_exactly_the_sampled_tokens(episodes):
                 observed = engine.tokenizer.decode(ids[sampled_end:e])
                 assert observed.startswith("\n# Tests: ") and observed.endswith(r["prompt"])
         assert r["completion"] == turns[-1].text  # the graded solution is the last turn's
+        assert r["turn_finish_reasons"] == [c.finish_reason for c in turns]
         # what the update trains on: the columns under its loss mask hold exactly the sampled tokens, in order
         table = {k: [r[k]] for k in ("group", "sample", "prompt_ids", "completion_ids", "loss_mask", "logprobs",
-                                     "finish_reason")}
-        (sample,) = plan_update(table | {"reward": [0.0]}, GRPOConfig(dynamic_sampling=False,
-                                                                           overlong_mask=False)).samples
+                                     "turn_starts", "turn_finish_reasons", "finish_reason")}
+        table["reward"] = [0.0]
+        (sample,) = plan_update(table, GRPOConfig(dynamic_sampling=False, overlong_mask=False)).samples
         batch = collate([sample.prompt_ids], [sample.completion_ids], [sample.logprobs], [1.0], pad_id=0,
                         loss_masks=[sample.loss_mask])
         targets = batch.input_ids[0, batch.start + 1:]
         assert targets[batch.mask[0] > 0].tolist() == [tok for c in turns for tok in c.completion_ids]
         assert batch.old_logp[0][batch.mask[0] > 0].tolist() == [lp for c in turns for lp in c.logprobs]
+        # with overlong masking a turn cut at max_new_tokens trains nothing: before the last, that turn alone
+        kept = plan_update(table, GRPOConfig(dynamic_sampling=False)).samples
+        if turns[-1].finish_reason == "length":  # the whole episode was truncated
+            assert kept == []
+            continue
+        cut = [c.finish_reason == "length" for c in turns[:-1]]
+        cut_early += sum(cut)
+        assert [s.loss_tokens for s in kept] == [sum(len(c.completion_ids) for c, x in zip(turns, [*cut, False],
+                                                                                             strict=True) if not x)]
+    assert cut_early > 0  # 12 new tokens per turn: some turns before the last were cut
 
 
 def _loss_and_grads(model: torch.nn.Module, rows: list[dict[str, Any]], old_logprobs: list[list[float]],

@@ -87,8 +87,8 @@ def test_latency_suite_times_the_tokens_generate_would_decode_and_caches_per_mac
     items = {it.item_id: it for it in _items(cfg, store.local_path(ArtifactRef.model_validate(
         ingested["stages"]["ingest"]["ref"])))}
     prompts = [items[i].prefix for i in rows["item_id"].to_list()]
-    done = m.engine(1, cfg.evaluate.completion.context_len).generate(
-        prompts, 1, RolloutParams(temperature=0, max_new_tokens=NEW_TOKENS), [0] * len(prompts))
+    with m.engine(1, cfg.evaluate.completion.context_len) as engine:
+        done = engine.generate(prompts, 1, RolloutParams(temperature=0, max_new_tokens=NEW_TOKENS), [0] * len(prompts))
     eos = m.tokenizer.eos_token_id
     for ids, cs in zip(rows["output_ids"].to_list(), done, strict=True):
         upto_eos = ids[: ids.index(eos) + 1] if eos in ids else ids  # the engine stops at EOS; the probe does not

@@ -86,7 +86,8 @@ def _write_rollouts(policy: Path, path: Path, rewards: list[list[float]], temper
             rows.append({"problem_id": f"p{g}", "group": g, "sample": s, "prompt": prompt,
                          "completion": tok.decode(completion), "prompt_ids": prompt_ids, "completion_ids": completion,
                          "loss_mask": [1] * n, "logprobs": _logprobs(model, prompt_ids, completion, temperature),
-                         "turn_starts": [0], "turns": 1, "finish_reason": "length" if truncated else "stop",
+                         "turn_starts": [0], "turns": 1, "turn_finish_reasons": ["length" if truncated else "stop"],
+                         "finish_reason": "length" if truncated else "stop",
                          "reward": r, "turn_rewards": [r], "partial": r, "outcome": "passed" if r >= 1 else "failed",
                          "duration_s": 0.01, "suspicious": ""})
     return write_rollouts(rows, path)

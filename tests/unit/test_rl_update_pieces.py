@@ -14,7 +14,8 @@ from codemill.rl.update import SUMMARY, RLUpdateSpec, SampleOrder, fingerprint, 
 
 def _table(rewards: list[list[float]], truncated: set[tuple[int, int]] = frozenset()) -> dict[str, list]:
     t: dict[str, list] = {k: [] for k in ["group", "sample", "prompt_ids", "completion_ids", "loss_mask",
-                                          "logprobs", "finish_reason", "reward"]}
+                                          "logprobs", "turn_starts", "turn_finish_reasons", "finish_reason",
+                                          "reward"]}
     for g, rs in enumerate(rewards):
         for s, r in enumerate(rs):
             t["group"].append(g)
@@ -24,6 +25,8 @@ def _table(rewards: list[list[float]], truncated: set[tuple[int, int]] = frozens
             t["loss_mask"].append([1] * (s + 1))
             t["logprobs"].append([-1.0] * (s + 1))
             t["finish_reason"].append("length" if (g, s) in truncated else "stop")
+            t["turn_starts"].append([0])
+            t["turn_finish_reasons"].append([t["finish_reason"][-1]])
             t["reward"].append(r)
     return t
 
@@ -31,7 +34,8 @@ def _table(rewards: list[list[float]], truncated: set[tuple[int, int]] = frozens
 def test_plan_keeps_signal_groups_and_untruncated_samples():
     table = _table([[1, 0, 1], [1, 1, 1], [0, 0, 1]], truncated={(0, 2), (1, 0)})
     plan = plan_update(table, GRPOConfig())
-    assert plan.stats == {"samples": 9, "samples_kept": 5, "samples_truncated": 2, "groups": 3, "groups_kept": 2,
+    assert plan.stats == {"samples": 9, "samples_kept": 5, "samples_truncated": 2, "turns_truncated": 0,
+                          "groups": 3, "groups_kept": 2,
                           "groups_zero_variance": 1, "groups_dropped": 1,
                           "adv_abs_mean": pytest.approx(np.mean([abs(s.advantage) for s in plan.samples]))}
     # the truncated sample of group 0 is still part of its group's baseline: the two kept ones are not +-equal
@@ -68,6 +72,26 @@ def test_plan_counts_only_sampled_tokens_and_drops_episodes_cut_on_a_limit():
     assert [s.loss_tokens for s in plan.samples] == [1, 2]
     assert plan.stats["samples_truncated"] == 1
     assert plan.max_new_tokens == 3  # the most sampled tokens (row 2's, though cut), not the longest row
+
+
+def test_a_turn_cut_before_the_episodes_last_gets_no_loss_under_overlong_masking():
+    """Three turns of 2 sampled tokens with 1 feedback token after each of the first two; the middle turn was cut
+    at max_new_tokens. Overlong masking takes that turn's tokens out of the loss and keeps the others; without
+    it every sampled token trains. The tokens themselves stay: they are the later turns' context."""
+    table = _table([[1, 0]])
+    table["completion_ids"][0] = [3, 3, 9, 4, 4, 9, 5, 5]
+    table["loss_mask"][0] = [1, 1, 0, 1, 1, 0, 1, 1]
+    table["logprobs"][0] = [-1.0, -1.0, 0.0, -1.0, -1.0, 0.0, -1.0, -1.0]
+    table["turn_starts"][0] = [0, 3, 6]
+    table["turn_finish_reasons"][0] = ["stop", "length", "stop"]
+    masked = plan_update(table, GRPOConfig())
+    assert masked.samples[0].loss_mask == [1, 1, 0, 0, 0, 0, 1, 1]
+    assert masked.samples[0].completion_ids == table["completion_ids"][0]
+    assert masked.stats["turns_truncated"] == 1 and masked.stats["samples_truncated"] == 0
+    trained = plan_update(table, GRPOConfig(overlong_mask=False))
+    assert trained.samples[0].loss_mask == table["loss_mask"][0] and trained.stats["turns_truncated"] == 1
+    table["turn_finish_reasons"][0] = ["length", "length", "stop"]
+    assert plan_update(table, GRPOConfig()).samples[0].loss_mask == [0, 0, 0, 0, 0, 0, 1, 1]
 
 
 def test_sample_order_covers_each_epoch_once_and_deals_every_rank():

@@ -216,7 +216,8 @@ def test_bad_params_are_refused():
 def _row(group: int, sample: int, **kw):
     row = {"problem_id": f"p{group}", "group": group, "sample": sample, "prompt": "def f():\n", "completion": "  x",
            "prompt_ids": [1, 2], "completion_ids": [3, 4], "loss_mask": [1, 1], "logprobs": [-0.5, -1.25],
-           "turn_starts": [0], "turns": 1, "finish_reason": "stop", "reward": 1.0, "turn_rewards": [1.0],
+           "turn_starts": [0], "turns": 1, "turn_finish_reasons": ["stop"], "finish_reason": "stop", "reward": 1.0,
+           "turn_rewards": [1.0],
            "partial": 1.0, "outcome": "passed", "duration_s": 0.01, "suspicious": ""}
     return {**row, **kw}
 
@@ -224,9 +225,10 @@ def _row(group: int, sample: int, **kw):
 def test_rollouts_table_round_trips_with_the_exact_schema(tmp_path):
     two_turns = {"completion_ids": [3, 4, 9, 9, 5], "loss_mask": [1, 1, 0, 0, 1],
                  "logprobs": [-0.5, -1.0, 0.0, 0.0, -2.0], "turn_starts": [0, 4], "turns": 2,
+                 "turn_finish_reasons": ["length", "stop"],
                  "turn_rewards": [0.0, 1.0], "finish_reason": "max_tokens", "reward": 0.0}  # cut: reward 0
     rows = [_row(0, 0), _row(0, 1, reward=0.0, turn_rewards=[0.0], partial=0.5, outcome="failed"),
-            _row(1, 0, finish_reason="length"),
+            _row(1, 0, finish_reason="length", turn_finish_reasons=["length"]),
             _row(1, 1, **two_turns)]
     path = write_rollouts(rows, tmp_path)
     assert path == tmp_path / "rollouts.parquet"
@@ -259,6 +261,10 @@ def test_rollouts_reader_says_what_is_wrong(tmp_path):
         ("not the sum of their turn_rewards", bad(reward=0.5)),
         ("not the sum of their turn_rewards", bad(finish_reason="max_tokens")),
         ("unknown finish_reason", bad(finish_reason="eos_token")),
+        ("one turn_finish_reasons value per turn", bad(turn_finish_reasons=[])),
+        ("one turn_finish_reasons value per turn", bad(turn_finish_reasons=["stop", "stop"])),
+        ("one turn_finish_reasons value per turn", bad(turn_finish_reasons=["max_tokens"])),
+        ("one turn_finish_reasons value per turn", bad(turn_finish_reasons=["eos"])),  # the last is not finish_reason
     ]
     for i, (message, table) in enumerate(cases):
         path = tmp_path / f"bad{i}.parquet"
