@@ -200,11 +200,13 @@ def summary_lines(out: Mapping[str, Any], wall_s: float) -> list[str]:
 # The per-iteration columns of ``codemill rl``: (heading, row key, width, format). "signal" is the share of groups
 # whose rewards differ: GRPO learns only from those (the others have zero advantage). "turns" is the mean number
 # of policy turns per episode, "obs" the share of tokens after the prompt that the environment wrote (no loss).
+# "rollout s" is the rollouts' wall time: generation (several batches at once) and judging overlap, so their own
+# sums (in the MLflow run and the flow's result) can exceed it.
 RL_COLUMNS = (("iter", "iteration", 4, "d"), ("reward", "reward_mean", 7, ".3f"),
               ("pass", "pass_rate", 6, ".3f"), ("signal", "signal_groups", 7, ".2f"), ("kl", "kl", 8, ".4f"),
               ("tokens", "response_tokens_mean", 7, ".1f"), ("turns", "turns_mean", 6, ".2f"),
-              ("obs", "observed_token_frac", 5, ".2f"), ("gen s", "generation_s", 7, ".1f"),
-              ("reward s", "reward_s", 9, ".1f"), ("update s", "update_s", 9, ".1f"))
+              ("obs", "observed_token_frac", 5, ".2f"), ("rollout s", "rollout_wall_s", 10, ".1f"),
+              ("update s", "update_s", 9, ".1f"))
 LEARNABLE_SHARE_TARGET = 0.2
 
 

@@ -43,7 +43,8 @@ def test_loss_curve_is_a_png():
 
 def _rl_out(signal: list[float], kl: float | None = 0.01) -> dict:
     rows = [{"iteration": i, "reward_mean": 0.1 * i, "pass_rate": 0.1 * i, "signal_groups": s, "kl": kl,
-             "response_tokens_mean": 40.0, "generation_s": 3.2, "reward_s": 1.1, "update_s": 12.5}
+             "response_tokens_mean": 40.0, "generation_s": 3.2, "reward_s": 1.1, "rollout_wall_s": 3.4,
+             "update_s": 12.5}
             for i, s in enumerate(signal)]
     heldout = {"before": {"rate": 0.25}, "after": {"rate": 0.5}, "gain": 0.25, "gain_ci_low": 0.1,
                "gain_ci_high": 0.4, "p_value": 0.003, "problems": 12}
@@ -60,6 +61,8 @@ def test_rl_summary_fits_80_columns_and_shows_the_learnable_share_per_iteration(
     assert header.split()[:4] == ["iter", "reward", "pass", "signal"]
     rows = [line.split() for line in lines if line[:4].strip() in ("0", "1")]
     assert [r[3] for r in rows] == ["0.50", "0.25"] and rows[0][4] == "-"  # rft: no kl
+    assert header.split()[-3:] == ["s", "update", "s"] and "rollout s" in header
+    assert rows[0][-2:] == ["3.4", "12.5"]  # the rollouts' wall time, not their overlapping parts' sums
     assert any("0.250 -> 0.500 (gain +0.250, 95% CI [+0.100, +0.400]" in line for line in lines)
     assert not any(line.startswith("no learnable signal") for line in lines)
 
