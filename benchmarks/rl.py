@@ -75,8 +75,9 @@ def main() -> None:
     ap.add_argument("--parallelism", choices=("ddp", "fsdp"), default="ddp")
     ap.add_argument("--engine", choices=("hf", "vllm"), default="hf")
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--threads", type=int, default=max(1, usable_cpus() - 1),
-                    help="torch threads while generating (one core left to the sandboxes, as the rl task does)")
+    ap.add_argument("--threads", type=int, default=usable_cpus(),
+                    help="batches generated at once, one torch thread each (rl.rollout.threads; the flow's "
+                    "default: one per usable core)")
     ap.add_argument("--size", choices=("tiny", "125m"), default="tiny",
                     help="the fresh policy's shape when --policy is not given (125m: benchmarks.gpu_train's)")
     ap.add_argument("--skip-rollout-comparison", action="store_true")
@@ -101,7 +102,7 @@ def main() -> None:
     problems = synthetic_problems(3, args.problems)
     params = RolloutParams(temperature=1.0, max_new_tokens=args.max_new_tokens, stop=STOP_SEQUENCES)
     runs: dict[bool, list[dict[str, float]]] = {False: [], True: []}
-    torch.set_num_threads(args.threads)
+    torch.set_num_threads(1)  # one per generating batch, as the rl task runs it
     with JudgePool(Limits(wall_s=3.0, cpu_s=3), workers=args.workers) as pool:
         env = env_for(None, engine, pool, params.max_new_tokens)
         collect_rollouts(engine, env, problems[:4], args.k, params, 999, batch_problems=4)  # warm-up
@@ -109,7 +110,8 @@ def main() -> None:
             for overlap in (False, True):
                 env = env_for(None, engine, pool, params.max_new_tokens)
                 rows, t = collect_rollouts(engine, env, problems, args.k, params, 100 + rep,
-                                           batch_problems=args.batch_problems, overlap=overlap)
+                                           batch_problems=args.batch_problems, overlap=overlap,
+                                           generators=args.threads if args.engine == "hf" else 1)
                 path = write_rollouts(rows, root / f"rollouts-{rep}-{overlap}.parquet")
                 update_s, metrics = update_once(policy, path, root / f"update-{rep}-{overlap}", args)
                 t0 = time.perf_counter()
@@ -127,7 +129,7 @@ def main() -> None:
           f"max_new_tokens={args.max_new_tokens}, {args.workers} judge slots, update: {args.parallelism} x "
           f"{args.nproc} on {args.device}, median of {args.repeats}")
     print(f"python {platform.python_version()}, torch {torch.__version__}, transformers {version('transformers')}, "
-          f"engine {args.engine}, {args.threads} torch threads while generating; pass rate "
+          f"engine {args.engine}, {args.threads} generation threads with overlap (one torch thread each); pass rate "
           f"{med[True]['pass_rate']:.2f}")
     print(f"{'':<22}{'overlap off':>14}{'overlap on':>14}   share of the iteration (on)")
     on = med[True]

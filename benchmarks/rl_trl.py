@@ -166,7 +166,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="measured iterations per side (after one warm-up)")
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--generation-threads", type=int, default=None,
-                    help="codemill's rl.rollout.threads (default: the flow's, one core left to the sandboxes)")
+                    help="codemill's rl.rollout.threads (default: the flow's, one batch per usable core)")
     args = ap.parse_args()
     if args.problems * args.k % STEP_SAMPLES:
         ap.error(f"problems x k must be a multiple of {STEP_SAMPLES} (samples per optimizer step)")

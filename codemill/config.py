@@ -580,8 +580,9 @@ class RolloutConfig(StageConfig):
     workers: int | None = runtime_only(default=None, description="Parallel sandboxes; empty = CPU count.")
     overlap: bool = runtime_only(default=True, description="Judge batch i while batch i+1 is generated.")
     threads: int | None = runtime_only(default=None, ge=1, description="Batches generated at once on CPU (hf "
-                                       "engine), each on its own thread and core; the rollouts are the same for "
-                                       "any count. empty = one per usable core (docs/benchmarks.md#rl-timing).")
+                                       "engine, with overlap; Ray workers take one each), each on its own thread "
+                                       "with one torch thread; the rollouts are the same for any count. empty = "
+                                       "one per usable core (docs/benchmarks.md#rl-timing).")
     engine: Literal["hf", "vllm"] = Field("hf", description="The rollout engine: hf (transformers, built in) or "
                                           "vllm (the vllm extra, in its own environment: scripts/vllm-env).")
     vllm: VLLMOptions = Field(default_factory=VLLMOptions, description="vLLM's settings (engine: vllm).")

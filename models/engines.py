@@ -32,6 +32,7 @@ import importlib
 import importlib.util
 import inspect
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -229,9 +230,15 @@ def _preallocated_layer() -> type:
 
         def select_rows(self, rows: torch.Tensor) -> None:
             """Row ``i`` becomes a copy of row ``rows[i]``: one prefill's keys and values handed to every row
-            that shares its prompt."""
-            self._k, self._v = self._k.index_select(0, rows), self._v.index_select(0, rows)
-            self.keys, self.values = self._k[:, :, :self._len], self._v[:, :, :self._len]
+            that shares its prompt (the filled positions copied into fresh buffers of the same capacity)."""
+            if not self.is_initialized:
+                return
+            k = self._k.new_empty((len(rows), *self._k.shape[1:]))
+            v = self._v.new_empty((len(rows), *self._v.shape[1:]))
+            k[:, :, :self._len] = self._k[:, :, :self._len].index_select(0, rows)
+            v[:, :, :self._len] = self._v[:, :, :self._len].index_select(0, rows)
+            self._k, self._v = k, v
+            self.keys, self.values = k[:, :, :self._len], v[:, :, :self._len]
 
     return PreallocatedLayer
 
@@ -387,21 +394,22 @@ class HFEngine:
             result.append(Completion(text, list(prompt_ids[r]), tokens[r], lps[r], str(reason[r])))
         return result
 
-
     def _prefill(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any | None,
                  prompt_ids: list[list[int]]) -> Any:
         """The prompts' forward pass, each distinct prompt once: the k samples of a prompt share its keys, values
-        and first logits (copied into their rows), which are bit-identical to computing every row, since a row's
-        arithmetic does not depend on the other rows of the batch. Only with the preallocated cache, whose rows
-        can be copied; the model's own cache prefills every row."""
+        and first logits (copied into their rows). On CPU that is bit-identical to computing every row (tested:
+        a row's arithmetic there does not depend on the batch's other rows); a GPU's kernels may be chosen by
+        batch size. Only with the preallocated cache, whose rows can be copied; the model's own cache prefills
+        every row."""
         slot: dict[tuple[int, ...], int] = {}
         firsts: list[int] = []  # the first row of each distinct prompt
         source: list[int] = []  # each row's distinct prompt
         for r, p in enumerate(prompt_ids):
-            if tuple(p) not in slot:
-                slot[tuple(p)] = len(firsts)
+            key = tuple(p)
+            if key not in slot:
+                slot[key] = len(firsts)
                 firsts.append(r)
-            source.append(slot[tuple(p)])
+            source.append(slot[key])
         if cache is None or len(firsts) == len(prompt_ids):
             return self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
                               logits_to_keep=1, **({self._cache_arg: cache} if cache is not None else {}))
@@ -586,18 +594,36 @@ def vllm_engine(policy_dir: str | Path, options: Any, max_context: int, device: 
 
 _LIVE: dict[str, Any] = {}  # the process's vLLM engine: its settings' key and the engine
 _LIVE_EXIT: list[bool] = []  # close_live_vllm registered with atexit
-_LIVE_LOCK = threading.Lock()  # one user at a time: a rollouts task or an eval suite
+_LIVE_LOCK = threading.RLock()  # one user at a time (a rollouts task, an eval suite), nested use in its thread
 
 
 @contextmanager
 def using_live_vllm(policy_dir: str | Path, options: Any, max_context: int, device: str) -> Iterator[VLLMEngine]:
-    """``live_vllm``'s engine held for one user (a rollouts task, an eval suite) until the block ends: another
-    thread of the process (a concurrent Prefect task) waits rather than swap the weights under it."""
+    """The process's vLLM engine (``_live_vllm``) held for one user (a rollouts task, an eval suite) until the
+    block ends: another thread of the process (a concurrent Prefect task) waits rather than swap the weights or
+    close the engine under it."""
     with _LIVE_LOCK:
-        yield live_vllm(policy_dir, options, max_context, device)
+        yield _live_vllm(policy_dir, options, max_context, device)
 
 
-def live_vllm(policy_dir: str | Path, options: Any, max_context: int, device: str) -> VLLMEngine:
+@contextmanager
+def rollout_engine(rollout: RolloutConfig, policy_dir: str | Path, device: str
+                   ) -> Iterator[tuple[HFEngine | VLLMEngine, float]]:
+    """The engine ``rollout.engine`` names on ``policy_dir`` for one rollouts task, and the seconds it took to
+    have it on that policy (a fresh HFEngine, or the live vLLM engine's weight load; waiting for another user of
+    the live engine is not counted)."""
+    if rollout.engine == "vllm":
+        with _LIVE_LOCK:
+            t0 = time.monotonic()
+            engine: HFEngine | VLLMEngine = _live_vllm(policy_dir, rollout.vllm, rollout.context_len, device)
+            yield engine, time.monotonic() - t0
+        return
+    t0 = time.monotonic()
+    engine = build_engine(rollout, policy_dir, device)
+    yield engine, time.monotonic() - t0
+
+
+def _live_vllm(policy_dir: str | Path, options: Any, max_context: int, device: str) -> VLLMEngine:
     """The process's vLLM engine, started once and given each later policy's weights (``load_weights``: no
     restart, the prefix cache reset) rather than one engine start per rollouts task or eval suite; other
     ``options`` (a ``config.VLLMOptions``) or another context length start a fresh one."""
@@ -611,7 +637,7 @@ def live_vllm(policy_dir: str | Path, options: Any, max_context: int, device: st
         if engine.policy_dir != str(policy_dir):
             engine.load_weights(policy_dir)
         return engine
-    close_live_vllm()
+    close_live_vllm()  # other settings: a fresh engine
     if not _LIVE_EXIT:  # registered after multiprocessing's exit handler, so it runs first (atexit is LIFO)
         atexit.register(close_live_vllm)
         _LIVE_EXIT.append(True)
@@ -623,10 +649,11 @@ def live_vllm(policy_dir: str | Path, options: Any, max_context: int, device: st
 def close_live_vllm() -> None:
     """Stop the process's live vLLM engine, if any (``VLLMEngine.close``): at the end of the ``rl`` and
     ``evaluate`` flows and at exit. Kept until exit, its EngineCore process would make the interpreter hang
-    there."""
-    live = _LIVE.pop("vllm", None)
-    if live is not None:
-        live[1].close()
+    there. Waits for the engine's current user."""
+    with _LIVE_LOCK:
+        live = _LIVE.pop("vllm", None)
+        if live is not None:
+            live[1].close()
 
 
 def engine_info(engine: RolloutEngine) -> dict[str, str]:

@@ -1,18 +1,17 @@
 """One RL iteration's rollouts from its config: the engine ``rl.rollout.engine`` names (a vLLM engine lives
-across iterations in this process and gets each new policy's weights: ``models.engines.using_live_vllm``), the judge
+across iterations in this process and gets each new policy's weights: ``models.engines.rollout_engine``), the judge
 pool with the rollout's sandbox limits, the environment ``rl.env`` names, and the rollout loop; or the same on
 Ray workers.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from typing import Any
 
 from codemill.config import RLConfig, RolloutConfig
-from codemill.models.engines import RolloutParams, build_engine, engine_info, using_live_vllm
+from codemill.models.engines import RolloutParams, engine_info, rollout_engine
 from codemill.problems.problem import ExecProblem
 from codemill.rl.envs import env_for
 from codemill.rl.rollout import collect_rollouts
@@ -43,12 +42,9 @@ def collect_iteration(cfg: RLConfig, problems: Sequence[ExecProblem], policy_hf:
                                              max_context=r.context_len, device=device, workers=r.workers,
                                              env_config=cfg.env, reward=r.reward)
         return rows, {**timings.as_dict(), "weight_sync_s": 0.0, "engine": "hf"}
-    t0 = time.monotonic()
-    with (using_live_vllm(policy_hf, r.vllm, r.context_len, device) if r.engine == "vllm"
-          else nullcontext(build_engine(r, policy_hf, device))) as engine:
-        weight_sync_s = time.monotonic() - t0
+    with rollout_engine(r, policy_hf, device) as (engine, weight_sync_s):
         generators = generation_threads(r, device)
-        with JudgePool(limits, workers=r.workers) as pool, _cpu_threads_beside_judges(device, r.overlap, generators):
+        with JudgePool(limits, workers=r.workers) as pool, _one_torch_thread_per_batch(device):
             env = env_for(cfg.env, engine, pool, r.max_new_tokens, reward=r.reward)
             rows, timings = collect_rollouts(engine, env, problems, k, params, seed,
                                              batch_problems=r.batch_problems, overlap=r.overlap,
@@ -60,7 +56,8 @@ def collect_iteration(cfg: RLConfig, problems: Sequence[ExecProblem], policy_hf:
 
 def generation_threads(r: RolloutConfig, device: str) -> int:
     """Batches HFEngine generates at once on CPU (``rl.rollout.threads``; empty: one per usable core). One
-    elsewhere: a GPU runs one batch at a time, and vLLM batches on its own."""
+    without ``overlap`` (each turn is judged before anything else generates) and elsewhere: a GPU runs one batch
+    at a time, and vLLM batches on its own (Ray workers generate one batch each)."""
     from codemill.cpus import usable_cpus
 
     if device != "cpu" or r.engine != "hf" or not r.overlap:
@@ -69,20 +66,16 @@ def generation_threads(r: RolloutConfig, device: str) -> int:
 
 
 @contextmanager
-def _cpu_threads_beside_judges(device: str, overlap: bool, generators: int = 1) -> Iterator[None]:
-    """torch threads on CPU while generating: one per generation thread when several generate at once (each
-    batch on its own core; an idle single-threaded op does not spin), else every core but one left to the
-    sandboxes the generation overlaps with: torch's threads spin while they wait, and spinning threads that share
-    their cores with other work (another job on the machine) made sampling several times slower."""
+def _one_torch_thread_per_batch(device: str) -> Iterator[None]:
+    """On CPU each batch generates on one torch thread, so its arithmetic (and its tokens) is the same whatever
+    ``rl.rollout.threads`` is, and the batches generating at once run on separate cores. torch's own threads
+    would spin while they wait, and spinning threads that share their cores with other work (the sandboxes,
+    another job on the machine) made sampling several times slower."""
     import torch
 
-    from codemill.cpus import usable_cpus
-
     before = torch.get_num_threads()
-    if device == "cpu" and generators > 1:
+    if device == "cpu":
         torch.set_num_threads(1)
-    elif device == "cpu" and overlap:
-        torch.set_num_threads(max(1, min(before, usable_cpus() - 1)))
     try:
         yield
     finally:

@@ -160,8 +160,8 @@ def collect_rollouts(engine: RolloutEngine, env: Environment, problems: Sequence
     ``groups`` are the problems' indices in the iteration (default 0..n-1); a worker given a shard of whole batches
     passes their global indices, so its rows are the ones the single-process run makes. ``generators``: batches
     generated at once, each on its own thread (an engine that is safe to call from several threads: HFEngine;
-    on CPU, one torch thread each, so they run on separate cores). At most one more batch than that is in flight
-    (being stepped); more would only queue steps while an episode's wall clock runs."""
+    on CPU, one torch thread each, so they run on separate cores); 1 without ``overlap``. At most one more batch
+    than that is in flight (being stepped); more would only queue steps while an episode's wall clock runs."""
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
     if generators < 1:
@@ -201,10 +201,10 @@ def collect_rollouts(engine: RolloutEngine, env: Environment, problems: Sequence
         with lock:
             timings.generation_s += spent
             timings.tokens += tokens
-            timings.samples += len(actions) if batch.turn == 0 else 0
+            if batch.turn == 0:
+                timings.samples += len(actions)
         if batch.turn == 0:
             m.rollout_samples.inc(len(actions))
-            m.rollout_samples_in_flight.inc(len(actions))
         m.rollout_generation_seconds.inc(spent)
         m.rollout_tokens.inc(tokens)
         for e, a in zip(live, actions, strict=True):
@@ -262,15 +262,17 @@ def collect_rollouts(engine: RolloutEngine, env: Environment, problems: Sequence
             episodes += [Episode.start(problem, group, j, derive_seed("episode", pseed, j), reset, now)
                          for j in range(k)]
         batch = _Batch(b, episodes)
-        batch.turn_gen = generator.submit(generate, batch)
+        m.rollout_samples_in_flight.inc(len(episodes))  # here, so a failure takes off exactly what was put on
+        batch.turn_gen = gen_pool.submit(generate, batch)
         return batch
 
-    generators = generators if overlap else 1
+    if not overlap:  # one turn at a time, stepped before anything else is generated
+        generators = 1
     in_flight = generators + 1 if overlap else 1
     running: list[_Batch] = []
     next_batch = 0
     stepper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="codemill-rewards")
-    generator = ThreadPoolExecutor(max_workers=generators, thread_name_prefix="codemill-generate")
+    gen_pool = ThreadPoolExecutor(max_workers=generators, thread_name_prefix="codemill-generate")
     try:
         while next_batch < len(batches) or running:
             for b in running:
@@ -287,7 +289,7 @@ def collect_rollouts(engine: RolloutEngine, env: Environment, problems: Sequence
                     if on_batch:
                         on_batch(finished, len(batches))
                 else:
-                    batch.turn_gen = generator.submit(generate, batch)
+                    batch.turn_gen = gen_pool.submit(generate, batch)
             elif next_batch < len(batches) and generating < generators and len(running) < in_flight:
                 running.append(start(next_batch))
                 next_batch += 1
@@ -301,7 +303,7 @@ def collect_rollouts(engine: RolloutEngine, env: Environment, problems: Sequence
         m.rollout_samples_in_flight.dec(sum(len(b.episodes) for b in running))
         raise
     finally:  # a failure does not wait for the queued work
-        generator.shutdown(wait=True, cancel_futures=True)
+        gen_pool.shutdown(wait=True, cancel_futures=True)
         stepper.shutdown(wait=True, cancel_futures=True)
     timings.batches = len(batches)
     timings.wall_s = time.monotonic() - t_start

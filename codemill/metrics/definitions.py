@@ -128,7 +128,8 @@ def build(registry: CollectorRegistry) -> Metrics:
                                            "rollouts."),
         rollout_reward_seconds=counter("codemill_rollout_reward_seconds_total", "Time spent judging rollouts "
                                        "(the environment)."),
-        rollout_samples_in_flight=gauge("codemill_rollout_samples_in_flight", "Generated samples not judged yet."),
+        rollout_samples_in_flight=gauge("codemill_rollout_samples_in_flight", "Samples of the batches being "
+                                        "generated or judged."),
         rollout_episodes=counter("codemill_rollout_episodes_total", "Rollout episodes by outcome.", ("outcome",)),
         rl_iteration=gauge("codemill_rl_iteration", "The RL iteration whose rollouts were collected last."),
         rl_reward_mean=gauge("codemill_rl_reward_mean", "Mean reward of the last rollouts, by split.", ("split",)),

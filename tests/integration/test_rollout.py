@@ -168,6 +168,50 @@ def test_model_rollouts_overlapped_or_not_are_the_same(policy, pool, tmp_path, m
     assert read_rollouts(tmp_path).num_rows == 8
 
 
+def test_an_iteration_samples_the_same_rows_whatever_rl_rollout_threads_is(policy):
+    """Through the flow's own path (``collect_iteration``): one batch at a time or two at once, each batch on one
+    torch thread whatever torch had before (restored after), so the rows are the same."""
+    import torch
+
+    from codemill.config import RLConfig, RolloutConfig
+    from codemill.rl.collect import collect_iteration
+
+    torch.set_num_threads(2)
+    runs = []
+    for threads in (1, 2):
+        cfg = RLConfig(rollout=RolloutConfig(max_new_tokens=12, samples_per_problem=2, problems_per_iteration=4,
+                                             batch_problems=1, threads=threads))
+        rows, timings = collect_iteration(cfg, PROBLEMS, str(policy), seed=9, k=2)
+        assert torch.get_num_threads() == 2 and timings["engine"] == "hf" and timings["weight_sync_s"] > 0
+        runs.append([{k: v for k, v in r.items() if k != "duration_s"} for r in rows])
+    assert len(runs[0]) == 8 and runs[0] == runs[1]
+
+
+def test_a_failed_generation_leaves_no_sample_in_flight(policy, pool):
+    """A batch whose generation fails stops the collection with the engine's error, and the in-flight gauge
+    comes back to 0 (what a started batch put on, its failure takes off), with two batches generating at once."""
+    from codemill import metrics
+
+    engine = HFEngine(policy)
+    real_generate = engine.generate_ids
+    calls: list[int] = []
+
+    def failing_generate(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("the engine ran out of memory")
+        return real_generate(*args, **kwargs)
+
+    engine.generate_ids = failing_generate  # type: ignore[method-assign]
+    params = RolloutParams(temperature=1.0, max_new_tokens=8)
+    with metrics.collecting() as registry:
+        env = env_for(None, engine, pool, params.max_new_tokens)
+        with pytest.raises(RuntimeError, match="out of memory"):
+            collect_rollouts(engine, env, PROBLEMS, 2, params, seed=3, batch_problems=1, generators=2)
+        assert registry.get_sample_value("codemill_rollout_samples_in_flight") == 0.0
+        assert registry.get_sample_value("codemill_rollout_samples_total") > 0  # some batches did generate
+
+
 def _pids_of_uid(uid: int) -> list[int]:
     pids = []
     for d in Path("/proc").iterdir():

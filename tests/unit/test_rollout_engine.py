@@ -304,7 +304,7 @@ def test_a_prompt_shared_by_its_samples_is_prefilled_once_with_the_same_tokens(e
     assert widths[0] == len(PROMPTS) and widths[1] == 4 * len(PROMPTS)
     monkeypatch.setattr(engines.HFEngine, "_prefill", lambda self, ids, mask, positions, cache, prompt_ids:
                         self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
-                                   logits_to_keep=1, cache=cache))
+                                   logits_to_keep=1, **{self._cache_arg: cache}))
     widths.clear()
     every_row = engine.generate(PROMPTS, 4, params, SEEDS)
     assert widths[0] == 4 * len(PROMPTS)
