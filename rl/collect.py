@@ -55,12 +55,12 @@ def collect_iteration(cfg: RLConfig, problems: Sequence[ExecProblem], policy_hf:
 
 
 def generation_threads(r: RolloutConfig, device: str) -> int:
-    """Batches HFEngine generates at once on CPU (``rl.rollout.threads``; empty: one per usable core). One
-    without ``overlap`` (each turn is judged before anything else generates) and elsewhere: a GPU runs one batch
-    at a time, and vLLM batches on its own (Ray workers generate one batch each)."""
+    """Batches HFEngine generates at once on CPU (``rl.rollout.threads``; empty: one per usable core; the rollout
+    loop takes one without ``overlap``). One elsewhere: a GPU runs one batch at a time, and vLLM batches on its
+    own (Ray workers generate one batch each)."""
     from codemill.cpus import usable_cpus
 
-    if device != "cpu" or r.engine != "hf" or not r.overlap:
+    if device != "cpu" or r.engine != "hf":
         return 1
     return r.threads or usable_cpus()
 
