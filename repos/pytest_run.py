@@ -1,0 +1,123 @@
+"""Running a repository's pytest suite (or a selection of it) in the sandbox, over a workspace.
+
+The tree is the workspace's overlay at ``/repo``; the execution environment is mounted read-only; outcomes come
+from ``report_plugin`` through a folder outside the tree (``/report``). Bytecode is neither written into the tree
+nor read from it (``-B`` and a ``pycache_prefix`` in the sandbox's private ``/tmp``), so a ``.pyc`` planted in the
+tree never runs. A test's outcome is the worst of its phases: an error in setup or teardown fails it.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from codemill.repos.cache import PLUGIN
+from codemill.repos.workspace import MOUNT_POINT, Workspace
+from codemill.sandbox.limits import Limits
+from codemill.sandbox.runner import ExecResult, Sandbox, _interpreter_dirs
+
+REPORT_DIR = "/report"
+ENV_MOUNT = "/env"  # the execution environment, read-only
+SEVERITY = {"passed": 0, "xfailed": 1, "skipped": 2, "deselected": 3, "xpassed": 4, "failed": 5, "error": 6}
+
+
+def repo_limits(wall_s: float = 300.0) -> Limits:
+    """What a test run may use: a real suite needs more than a HumanEval check (memory, processes, files)."""
+    return Limits(wall_s=wall_s, cpu_s=int(wall_s) + 5, memory_bytes=8 << 30, file_bytes=256 << 20,
+                  open_files=1024, processes=256, tmpfs_bytes=512 << 20)
+
+
+@dataclass
+class TestRun:
+    """What one run found: each test id's outcome and failure message, collection errors, the run's end."""
+
+    outcomes: dict[str, str] = field(default_factory=dict)
+    messages: dict[str, str] = field(default_factory=dict)
+    collect_errors: dict[str, str] = field(default_factory=dict)
+    finished: bool = False  # the session-end record was written
+    exit: ExecResult | None = None
+
+    def passed(self) -> set[str]:
+        return {t for t, o in self.outcomes.items() if o == "passed"}
+
+    def failed(self) -> set[str]:
+        return {t for t, o in self.outcomes.items() if o in ("failed", "error")}
+
+
+def parse_outcomes(text: str) -> TestRun:
+    run = TestRun()
+    for line in text.splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if not isinstance(rec, dict):
+            continue
+        tid, when, outcome = str(rec.get("id", "")), rec.get("when"), str(rec.get("outcome", ""))
+        if when == "session":
+            run.finished = True
+            continue
+        if when == "collect" and outcome == "error":
+            run.collect_errors[tid] = str(rec.get("message", ""))
+            continue
+        if outcome == "failed" and when in ("setup", "teardown"):
+            outcome = "error"
+        if outcome not in SEVERITY:
+            continue
+        if SEVERITY[outcome] >= SEVERITY.get(run.outcomes.get(tid, "passed"), 0) or tid not in run.outcomes:
+            run.outcomes[tid] = outcome
+            if rec.get("message"):
+                run.messages[tid] = str(rec["message"])
+    return run
+
+
+def pytest_argv(selection: Sequence[str] = (), extra: Sequence[str] = ()) -> list[str]:
+    """The command that runs ``selection`` (test ids; empty: the whole suite) in ``/repo``."""
+    args = [f"{ENV_MOUNT}/bin/python", "-I", "-B", "-X", "pycache_prefix=/tmp/pycache", "-m", "pytest", "-p", PLUGIN,
+            "-p", "no:cacheprovider", "-q", "--no-header", "-rN", "--rootdir", MOUNT_POINT, *extra]
+    if selection:
+        args.append(f"@{REPORT_DIR}/selection.txt")
+    return args
+
+
+def run_pytest(ws: Workspace, env: Path, sandbox: Sandbox, selection: Sequence[str] = (),
+               extra: Sequence[str] = ()) -> TestRun:
+    """Run the tests in the sandbox over ``ws`` and read what the plugin recorded."""
+    report = Path(tempfile.mkdtemp(prefix="report-", dir=ws.root))
+    try:
+        report.chmod(0o777)
+        if selection:
+            (report / "selection.txt").write_text("\n".join(selection) + "\n")
+        mounts = (*interpreter_mounts(), "--perms", "1777", "--tmpfs", "/dev/shm", *ws.mounts(),
+                  "--ro-bind", str(env), ENV_MOUNT, "--bind", str(report), REPORT_DIR)
+        result = sandbox.execute(pytest_argv(selection, extra), mounts=mounts, chdir=MOUNT_POINT,
+                                 env={"PYTHONDONTWRITEBYTECODE": "1", "HOME": "/tmp"})
+        out = report / "outcomes.jsonl"
+        run = parse_outcomes(out.read_text(errors="replace") if out.is_file() else "")
+        run.exit = result
+        return run
+    finally:
+        shutil.rmtree(report, ignore_errors=True)
+
+
+def interpreter_mounts() -> tuple[str, ...]:
+    """The interpreter's folders bound again over the sandbox's private ``/work`` and ``/tmp`` (the environments
+    link the installed packages there), and their parent folders opened to the sandbox uid (bwrap creates them
+    as root-only when the interpreter lives under ``/root``)."""
+    args: list[str] = []
+    dirs = _interpreter_dirs()
+    for d in dirs:
+        args += ["--ro-bind", d, d]
+    parents = {str(p) for d in dirs for p in Path(d).parents}
+    for parent in sorted(parents - {"/", "/tmp", "/work"}):
+        if not any(parent == d or parent.startswith(d + "/") for d in dirs):
+            args += ["--chmod", "0755", parent]
+    return tuple(args)
+
+
+def repo_sandbox(wall_s: float = 300.0) -> Sandbox:
+    return Sandbox(repo_limits(wall_s), overlay=True)
