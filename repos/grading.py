@@ -5,8 +5,8 @@
 2. A fresh workspace over the task's snapshot gets the kept changes, then ``test_patch`` (applied once per task
    in its own workspace, by ``git apply`` in the sandbox), then two **controls**: tests under names drawn at
    grading time, one that must pass and one that must fail, alike in shape.
-3. pytest runs exactly the task's FAIL_TO_PASS and PASS_TO_PASS ids and the controls in the sandbox; outcomes come
-   from ``report_plugin`` outside the tree.
+3. pytest runs the files of the task's FAIL_TO_PASS and PASS_TO_PASS tests and the controls' file in the sandbox;
+   outcomes come from ``report_plugin`` outside the tree and are read by test id.
 4. **Every expected id must be present and passed**: missing (a collection error, a deselection, a run cut
    short), skipped, xfailed, errored or failed all count as failed. If the must-fail control passed or the
    must-pass one did not, the run was tampered with: reward 0, suspicious.
@@ -145,7 +145,10 @@ def grade_changes(task: RepoTask, snapshot: Path, env: Path, changes: dict[str, 
         apply_changes(ws, screened.kept)
         apply_changes(ws, tests)
         apply_changes(ws, {controls.path: controls.source})
-        run = run_pytest(ws, env, sandbox, [*task.expected_tests, controls.must_pass, controls.must_fail])
+        # Whole files, not node ids: pytest aborts the run when one named id cannot be collected, where a file
+        # with a collection error only loses its own tests (the outcomes of the rest are read by id).
+        files = sorted({t.split("::", 1)[0] for t in task.expected_tests} | {controls.path})
+        run = run_pytest(ws, env, sandbox, [f for f in files if ws.exists(f)])
     finally:
         ws.remove()
     _judge(task, run, controls, grade, partial)

@@ -78,7 +78,8 @@ def parse_outcomes(text: str) -> TestRun:
 def pytest_argv(selection: Sequence[str] = (), extra: Sequence[str] = ()) -> list[str]:
     """The command that runs ``selection`` (test ids; empty: the whole suite) in ``/repo``."""
     args = [f"{ENV_MOUNT}/bin/python", "-I", "-B", "-X", "pycache_prefix=/tmp/pycache", "-m", "pytest", "-p", PLUGIN,
-            "-p", "no:cacheprovider", "-q", "--no-header", "-rN", "--rootdir", MOUNT_POINT, *extra]
+            "-p", "no:cacheprovider", "-q", "--no-header", "-rN", "--continue-on-collection-errors", "--rootdir",
+            MOUNT_POINT, *extra]
     if selection:
         args.append(f"@{REPORT_DIR}/selection.txt")
     return args

@@ -33,6 +33,7 @@ INTERNALS = {
                             r"\b(?:sys|threading)\.set(?:trace|profile)\b|\bgc\.get_referrers\b",
     "network": r"\bsocket\b|\burllib\.request\b|\bhttp\.client\b|\burlopen\b|\brequests\.(?:get|post)\b",
     "report files": r"outcomes\.jsonl|\bjunit|/report\b",
+    "fake test output": r"\bPASSED\b|::test_",
 }
 
 
