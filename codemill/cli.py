@@ -572,6 +572,50 @@ def serve(
         raise typer.Exit(2) from e
 
 
+repo_tasks_app = typer.Typer(help="Repository tasks (SWE-bench format): grade predictions.", no_args_is_help=True)
+app.add_typer(repo_tasks_app, name="repo-tasks")
+
+
+@repo_tasks_app.command("grade")
+def repo_tasks_grade(
+    tasks: Annotated[str, typer.Option(help="Tasks: a SWE-bench-format JSONL or Parquet file (local or s3://).")],
+    predictions: Annotated[str, typer.Option(help="Predictions JSONL: instance_id, model_name_or_path, "
+                                                  "model_patch per line.")],
+    repos: Annotated[Path, typer.Option(help="Folder with one git repository per task `repo` (owner/name, "
+                                             "owner__name or name).")] = Path("repos"),
+    report: Annotated[Path | None, typer.Option(help="Write the JSON run report here.")] = None,
+    workers: Annotated[int | None, typer.Option(help="Instances graded at once (default: usable cores).")] = None,
+    wall_s: Annotated[float, typer.Option(help="Wall clock of one instance's test run, seconds.")] = 300.0,
+    partial: Annotated[bool, typer.Option(help="Reward the share of FAIL_TO_PASS passing (PASS_TO_PASS intact).")]
+    = False,
+) -> None:
+    """Grade predictions in the sandbox, each in a fresh copy of its task's repository: prints each instance's
+    verdict and the counts; exit 0 whatever the verdicts, 2 on bad input."""
+    from codemill.cpus import usable_cpus
+    from codemill.repos.evaluate import grade_predictions, write_report
+    from codemill.repos.task import read_predictions, read_tasks
+
+    with _known_failures():
+        task_list, preds = read_tasks(tasks), read_predictions(predictions)
+
+        def show(g) -> None:
+            why = f"  ({g.reasons[0]})" if g.reasons and not g.resolved else ""
+            flag = "  [suspicious]" if g.suspicious else ""
+            typer.echo(f"{g.instance_id}: {g.status}{why}{flag}")
+
+        out = grade_predictions(task_list, preds, repos, workers=workers or usable_cpus(), wall_s=wall_s,
+                                partial=partial, on_grade=show)
+        for iid in out["unknown_ids"]:
+            typer.echo(f"{iid}: unknown instance (not in {tasks})", err=True)
+        typer.echo(f"resolved {out['resolved_instances']} of {out['submitted_instances']} submitted "
+                   f"({out['total_instances']} tasks): {out['unresolved_instances']} unresolved, "
+                   f"{out['error_instances']} errors, {out['empty_patch_instances']} empty patches, "
+                   f"{out['unknown_instances']} unknown, {len(out['suspicious_ids'])} suspicious")
+        if report is not None:
+            write_report(out, report)
+            typer.echo(f"report: {report}")
+
+
 @app.command("mlflow-identities")
 def mlflow_identities(
     tracking_uri: Annotated[str | None, typer.Option(help="The MLflow server (default: $MLFLOW_TRACKING_URI).")] = None,
