@@ -22,12 +22,13 @@ class RepoError(UserFacingError, RuntimeError):
     """A repository or commit a task names that is not usable here (one line: which, where, why)."""
 
 
-def git(repo: str | Path, *args: str, input: bytes | None = None, check: bool = True) -> str:
+def git(repo: str | Path, *args: str, input: bytes | None = None, check: bool = True,
+        env: dict[str, str] | None = None) -> str:
     """``git -C repo args``: its stdout; a failure raises RepoError with git's last line. Runs with a fixed
     identity and dates and without the user's config, so the same inputs give the same commits."""
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/nonexistent", "GIT_CONFIG_NOSYSTEM": "1",
-           "GIT_CONFIG_GLOBAL": "/dev/null", "LC_ALL": "C", **IDENTITY}
-    proc = subprocess.run(["git", "-C", str(repo), *args], input=input, capture_output=True, env=env)
+    full = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/nonexistent", "GIT_CONFIG_NOSYSTEM": "1",
+           "GIT_CONFIG_GLOBAL": "/dev/null", "LC_ALL": "C", **IDENTITY, **(env or {})}
+    proc = subprocess.run(["git", "-C", str(repo), *args], input=input, capture_output=True, env=full)
     if check and proc.returncode != 0:
         said = (proc.stderr or proc.stdout).decode(errors="replace").strip().splitlines()
         raise RepoError(f"git {' '.join(args[:3])} in {repo}: {said[-1] if said else f'exit {proc.returncode}'}")
@@ -108,3 +109,27 @@ def _remove(path: Path) -> None:
         shutil.rmtree(path)
     elif path.exists():
         path.unlink()
+
+
+def commit_files(repo: str | Path, parent: str, changes: dict[str, bytes | None], message: str) -> str:
+    """A new commit in ``repo`` (bare or not, its work tree untouched): ``parent``'s tree with ``changes``
+    (new bytes, or None to delete). Kept reachable under ``refs/codemill/<commit>``."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="codemill-index-") as tmp:
+        env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
+        git(repo, "read-tree", parent, env=env)
+        modes = {}
+        for line in git(repo, "ls-tree", "-r", parent).splitlines():
+            meta, path = line.split("\t", 1)
+            modes[path] = meta.split()[0]
+        for path, data in sorted(changes.items()):
+            if data is None:
+                git(repo, "update-index", "--force-remove", "--", path, env=env)
+                continue
+            blob = git(repo, "hash-object", "-w", "--stdin", input=data).strip()
+            git(repo, "update-index", "--add", "--cacheinfo", f"{modes.get(path, '100644')},{blob},{path}", env=env)
+        tree = git(repo, "write-tree", env=env).strip()
+    commit = git(repo, "commit-tree", tree, "-p", parent, "-m", message).strip()
+    git(repo, "update-ref", f"refs/codemill/{commit}", commit)
+    return commit
