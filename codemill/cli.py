@@ -616,6 +616,47 @@ def repo_tasks_grade(
             typer.echo(f"report: {report}")
 
 
+@repo_tasks_app.command("synthesize")
+def repo_tasks_synthesize(
+    repo: Annotated[list[str], typer.Option(help="NAME=PATH of a git repository with a pytest suite; repeatable.")],
+    out: Annotated[Path, typer.Option(help="Folder for tasks.jsonl, yield.json and the task repositories "
+                                           "(repos/<NAME>).")],
+    per_operator: Annotated[int, typer.Option(help="Mutants tried per operator and repository.")] = 4,
+    seed: Annotated[int, typer.Option(help="Which mutants are sampled.")] = 0,
+    workers: Annotated[int | None, typer.Option(help="Test runs at once (default: usable cores).")] = None,
+) -> None:
+    """Make SWE-bench-format tasks by bug injection from local repositories (no network): prints each
+    repository's yield per operator and writes the validated tasks."""
+    import json
+
+    from codemill.cpus import usable_cpus
+    from codemill.repos.cache import RepoCache
+    from codemill.repos.evaluate import write_report
+    from codemill.repos.synthesis import Synthesizer
+    from codemill.repos.task import write_tasks
+
+    with _known_failures():
+        pairs: list[tuple[str, Path]] = []
+        for item in repo:
+            name, sep, where = item.partition("=")
+            if not sep or not name or not where:
+                raise typer.BadParameter(f"--repo {item!r}: expected NAME=PATH")
+            pairs.append((name, Path(where)))
+        synth = Synthesizer(RepoCache(), out / "repos", per_operator=per_operator, seed=seed,
+                            workers=workers or usable_cpus())
+        tasks, summaries = [], []
+        for name, path in pairs:
+            result = synth.synthesize(name, path)
+            summaries.append(result.summary())
+            tasks += result.tasks
+            typer.echo(json.dumps(result.summary()))
+        out.mkdir(parents=True, exist_ok=True)
+        write_tasks(tasks, out / "tasks.jsonl")
+        write_report({"repositories": summaries}, out / "yield.json")
+        typer.echo(f"{len(tasks)} validated tasks from {sum(s['admitted'] for s in summaries)} admitted of "
+                   f"{len(pairs)} repositories: {out / 'tasks.jsonl'}")
+
+
 @app.command("mlflow-identities")
 def mlflow_identities(
     tracking_uri: Annotated[str | None, typer.Option(help="The MLflow server (default: $MLFLOW_TRACKING_URI).")] = None,
