@@ -86,23 +86,28 @@ def pytest_argv(selection: Sequence[str] = (), extra: Sequence[str] = ()) -> lis
 
 
 def run_pytest(ws: Workspace, env: Path, sandbox: Sandbox, selection: Sequence[str] = (),
-               extra: Sequence[str] = ()) -> TestRun:
+               extra: Sequence[str] = (), output_budget: int | None = None) -> TestRun:
     """Run the tests in the sandbox over ``ws`` and read what the plugin recorded."""
     report = Path(tempfile.mkdtemp(prefix="report-", dir=ws.root))
     try:
         report.chmod(0o777)
         if selection:
             (report / "selection.txt").write_text("\n".join(selection) + "\n")
-        mounts = (*interpreter_mounts(), "--perms", "1777", "--tmpfs", "/dev/shm", *ws.mounts(),
-                  "--ro-bind", str(env), ENV_MOUNT, "--bind", str(report), REPORT_DIR)
+        mounts = (*env_mounts(env), *ws.mounts(), "--bind", str(report), REPORT_DIR)
         result = sandbox.execute(pytest_argv(selection, extra), mounts=mounts, chdir=MOUNT_POINT,
-                                 env={"PYTHONDONTWRITEBYTECODE": "1", "HOME": "/tmp"})
+                                 env={"PYTHONDONTWRITEBYTECODE": "1", "HOME": "/tmp"}, output_budget=output_budget)
         out = report / "outcomes.jsonl"
         run = parse_outcomes(out.read_text(errors="replace") if out.is_file() else "")
         run.exit = result
         return run
     finally:
         shutil.rmtree(report, ignore_errors=True)
+
+
+def env_mounts(env: Path) -> tuple[str, ...]:
+    """The mounts every command over a repository needs besides its tree: the interpreter, a private
+    ``/dev/shm`` (multiprocessing) and the execution environment at ``/env``."""
+    return (*interpreter_mounts(), "--perms", "1777", "--tmpfs", "/dev/shm", "--ro-bind", str(env), ENV_MOUNT)
 
 
 def interpreter_mounts() -> tuple[str, ...]:

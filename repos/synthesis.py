@@ -1,7 +1,8 @@
 """Repository tasks by bug injection (the SWE-smith method), from any git repository with a pytest suite.
 
 1. **Admission**: the suite runs twice at the commit in the sandbox; tests whose outcome differs between the runs
-   are flaky and left out; the repository is admitted when at least ``min_pass_rate`` of its tests pass.
+   are flaky and left out, and so are ids that only one run has (named after something that changes per run);
+   the repository is admitted when at least ``min_pass_rate`` of its tests pass.
 2. **Mutation**: ``mutate`` rewrites one function of one source file at a time (a sample per operator).
 3. **Keep**: the suite runs on each mutant; a mutant is kept when at least one passing test fails
    (FAIL_TO_PASS) and at least one still passes (PASS_TO_PASS).
@@ -49,6 +50,7 @@ class Admission:
     passing: list[str] = field(default_factory=list)
     flaky: list[str] = field(default_factory=list)
     suite_s: float = 0.0
+    unstable: list[str] = field(default_factory=list)  # ids that differ between two runs of the same suite
 
     @property
     def pass_rate(self) -> float:
@@ -68,7 +70,8 @@ class SynthesisReport:
     def summary(self) -> dict:
         a = self.admission
         return {"repo": a.repo, "admitted": a.admitted, "reason": a.reason, "tests": a.tests,
-                "pass_rate": round(a.pass_rate, 4), "flaky": len(a.flaky), "suite_s": round(a.suite_s, 2),
+                "pass_rate": round(a.pass_rate, 4), "flaky": len(a.flaky), "unstable_ids": len(a.unstable),
+                "suite_s": round(a.suite_s, 2),
                 "tried": dict(self.tried), "kept": dict(self.kept), "validated": dict(self.validated),
                 "dropped": dict(self.dropped), "tasks": len(self.tasks), "wall_s": round(self.wall_s, 1)}
 
@@ -87,10 +90,12 @@ def admit(name: str, snapshot: Path, env: Path, sandbox: Sandbox, min_pass_rate:
     if not first.finished or not first.outcomes:
         said = first.exit.error if first.exit else ""
         return Admission(name, False, f"the suite does not run: {said or 'no test ran'}", suite_s=suite_s)
-    ids = sorted(set(first.outcomes) | set(second.outcomes))
-    flaky = [t for t in ids if first.outcomes.get(t) != second.outcomes.get(t)]
-    passing = [t for t in ids if t not in flaky and first.outcomes.get(t) == "passed"]
-    adm = Admission(name, True, "", len(ids), passing, flaky, suite_s)
+    # An id in one run only (a parametrisation named after an object's address) names no stable test.
+    ids = sorted(set(first.outcomes) & set(second.outcomes))
+    unstable = sorted(set(first.outcomes) ^ set(second.outcomes))
+    flaky = [t for t in ids if first.outcomes[t] != second.outcomes[t]]
+    passing = [t for t in ids if t not in flaky and first.outcomes[t] == "passed"]
+    adm = Admission(name, True, "", len(ids), passing, flaky, suite_s, unstable)
     if adm.pass_rate < min_pass_rate:
         adm.admitted = False
         adm.reason = f"{adm.pass_rate:.0%} of {adm.tests} tests pass (needs {min_pass_rate:.0%})"

@@ -164,9 +164,12 @@ class Sandbox:
         return self.execute([self.python, "-I", "-S", "-B", "-"], stdin=program.encode())
 
     def execute(self, argv: list[str], *, stdin: bytes = b"", mounts: tuple[str, ...] = (), chdir: str = "/work",
-                env: dict[str, str] | None = None, uid: int | None = None) -> ExecResult:
+                env: dict[str, str] | None = None, uid: int | None = None,
+                output_budget: int | None = None) -> ExecResult:
         """Run ``argv`` in a fresh sandbox (``wrap``) under the wall clock; its output's tails come back.
-        ``uid``: one the caller already leased (it prepared files for it); None leases one for this run."""
+        ``uid``: one the caller already leased (it prepared files for it); None leases one for this run.
+        ``output_budget``: stdout comes back whole up to that many bytes, else its head and tail with the
+        middle cut (what an agent reads of a command's output)."""
         with contextlib.ExitStack() as stack:
             if uid is None:
                 uid = stack.enter_context(LEASES.lease())
@@ -192,9 +195,23 @@ class Sandbox:
                 except BrokenPipeError:
                     proc.wait()
                 duration = time.monotonic() - t0
-            stdout = _tail(out_path)
+            stdout = _tail(out_path) if output_budget is None else middle(out_path, output_budget)
             stderr = _tail(err_path)
         return classify(proc.returncode, stderr, stdout, duration, timed_out)
+
+
+def middle(path: Path, budget: int) -> str:
+    """A file's text, or its first and last ``budget // 2`` bytes around a line that says how much was cut."""
+    size = path.stat().st_size
+    with open(path, "rb") as fh:
+        if size <= budget:
+            return fh.read().decode("utf-8", errors="replace")
+        head = fh.read(budget // 2)
+        fh.seek(size - budget // 2)
+        tail = fh.read()
+    cut = size - len(head) - len(tail)
+    return (head.decode("utf-8", errors="replace") + f"\n[... {cut} bytes of output cut ...]\n"
+            + tail.decode("utf-8", errors="replace"))
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
