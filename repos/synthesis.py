@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import ast
+import contextlib
 import hashlib
 import json
 import time
@@ -113,16 +114,60 @@ def source_files(snapshot: Path) -> list[str]:
     return out
 
 
-def hide_tests(source: str, test_ids: list[str]) -> str | None:
-    """``source`` (one test file) without the test functions ``test_ids`` name, decorators included; a class left
-    empty keeps a ``pass``. None when an id does not name a function found in the file."""
+def defined_tests(source: str) -> set[str]:
+    """The qualified names (``func``, ``Class.method``) of the functions a test file defines."""
+    out: set[str] = set()
+
+    def walk(body: list[ast.stmt], prefix: str) -> None:
+        for node in body:
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                out.add(prefix + node.name)
+            elif isinstance(node, ast.ClassDef):
+                walk(node.body, prefix + node.name + ".")
+
+    with contextlib.suppress(SyntaxError):
+        walk(ast.parse(source).body, "")
+    return out
+
+
+def hidden_files(snapshot: Path, test_ids: list[str]) -> dict[str, bytes] | None:
+    """The test files with the functions behind ``test_ids`` removed. A test a class inherits (unittest mixins)
+    is removed where it is defined, when exactly one test file's class defines it. None when one cannot be
+    found."""
+    defined = {rel: defined_tests((snapshot / rel).read_text(errors="replace"))
+               for rel in (str(p.relative_to(snapshot)) for p in sorted(snapshot.rglob("*.py")))
+               if is_test_path(rel) and not rel.startswith(".git/")}
+    targets: dict[str, set[str]] = {}
+    for tid in test_ids:
+        path, *parts = tid.split("::")
+        qual = ".".join(p.split("[", 1)[0] for p in parts)
+        if qual in defined.get(path, set()):
+            targets.setdefault(path, set()).add(qual)
+            continue
+        method = qual.rsplit(".", 1)[-1]
+        owners = [(f, q) for f, names in defined.items() for q in names if "." in q and q.endswith("." + method)]
+        if len(owners) != 1:
+            return None
+        targets.setdefault(owners[0][0], set()).add(owners[0][1])
+    out: dict[str, bytes] = {}
+    for path, quals in sorted(targets.items()):
+        text = hide_functions((snapshot / path).read_text(), sorted(quals))
+        if text is None:
+            return None
+        out[path] = text.encode()
+    return out
+
+
+def hide_functions(source: str, qualnames: list[str]) -> str | None:
+    """``source`` without the functions ``qualnames`` names (``func``, ``Class.method``), decorators included; a
+    class left empty keeps a ``pass``. None when one is not in the file."""
     tree = ast.parse(source)
     lines = source.splitlines(keepends=True)
     spans: set[tuple[int, int, int]] = set()  # (first line, last line, indent of a class body left empty)
-    for tid in test_ids:
-        parts = [p.split("[", 1)[0] for p in tid.split("::")[1:]]
+    for qual in qualnames:
         scope: list[ast.stmt] = tree.body
         node = None
+        parts = qual.split(".")
         for depth, part in enumerate(parts):
             node = next((n for n in scope if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
                          and n.name == part), None)
@@ -233,15 +278,13 @@ class Synthesizer:
             return "no test fails"
         if not p2p:
             return "no test passes"
-        hidden: dict[str, bytes | None] = {}
-        for path in sorted({t.split("::", 1)[0] for t in f2p}):
-            text = hide_tests((snapshot / path).read_text(), [t for t in f2p if t.startswith(path + "::")])
-            if text is None:
-                return "failing tests cannot be hidden"
-            hidden[path] = text.encode()
+        hidden = hidden_files(snapshot, f2p)
+        if hidden is None:
+            return "failing tests cannot be hidden"
         # PASS_TO_PASS: the passing tests still present at the base commit (a hidden function's other
         # parametrisations come back with test_patch, and are graded as PASS_TO_PASS too).
-        base = git.commit_files(task_repo, commit, {m.path: m.source.encode(), **hidden}, f"bug: {m.label}")
+        changes: dict[str, bytes | None] = {m.path: m.source.encode(), **hidden}
+        base = git.commit_files(task_repo, commit, changes, f"bug: {m.label}")
         patch = git.git(task_repo, "diff", base, commit, "--", m.path)
         test_patch = git.git(task_repo, "diff", base, commit, "--", *sorted(hidden))
         digest = hashlib.sha256(f"{commit}:{m.label}:{m.source}".encode()).hexdigest()[:10]
