@@ -576,9 +576,46 @@ repo_tasks_app = typer.Typer(help="Repository tasks (SWE-bench format): grade pr
 app.add_typer(repo_tasks_app, name="repo-tasks")
 
 
+@repo_tasks_app.command("build")
+def repo_tasks_build(config: ConfigOpt = None, preset: PresetOpt = None, store: StoreOpt = None,
+                     as_json: AsJson = False) -> None:
+    """Build the repository task set (``repo_tasks`` in the config) as a store artifact: import and synthesise,
+    validate in the sandbox, decontaminate, split by repository; print the yield."""
+    import json
+
+    cfg = build_config(config, preset, None, store)
+    with _known_failures():
+        from codemill.tasks.repo_tasks import fingerprint_repo_sources
+
+        if not cfg.repo_tasks.sources:
+            _fail(["repo_tasks.sources is empty: add an import or synthesis source to the config"])
+        fingerprint_repo_sources(cfg.repo_tasks)  # a missing repository or commit: one line, nothing started
+    _preflight(cfg, "repo-tasks build")
+    _prefect_defaults(cfg)
+    t0 = time.perf_counter()
+    with _known_failures(), _progress():
+        from codemill.flows.repo_tasks import repo_tasks as repo_tasks_flow
+
+        out = repo_tasks_flow(config=cfg)
+    result = out["stages"]["repo_tasks"]
+    if as_json:
+        typer.echo(json.dumps(result, indent=2))
+        return
+    summary = result["summary"]
+    status = {"cached": "skipped (cached)", "present": "skipped (in store)"}.get(result["status"], "ran")
+    console.print(f"repo_tasks: {status} in {time.perf_counter() - t0:.1f}s: {summary['tasks']} tasks "
+                  f"(train {summary['splits']['train']}, val {summary['splits']['val']}) from "
+                  f"{', '.join(summary['repositories']) or 'no repository'}; {summary['contaminated']} contaminated")
+    if summary["by_operator"]:
+        console.print("by operator: " + ", ".join(f"{k} {v}" for k, v in sorted(summary["by_operator"].items())))
+    console.print(f"artifact: {result['ref']['uri']} (digest {result['ref']['digest'][:12]})")
+    console.print(f"MLflow run: {result['run_id']}")
+
+
 @repo_tasks_app.command("grade")
 def repo_tasks_grade(
-    tasks: Annotated[str, typer.Option(help="Tasks: a SWE-bench-format JSONL or Parquet file (local or s3://).")],
+    tasks: Annotated[str, typer.Option(help="Tasks: a SWE-bench-format JSONL or Parquet file (local or s3://), "
+                                            "or a repo_tasks artifact folder (its snapshots need no --repos).")],
     predictions: Annotated[str, typer.Option(help="Predictions JSONL: instance_id, model_name_or_path, "
                                                   "model_patch per line.")],
     repos: Annotated[Path, typer.Option(help="Folder with one git repository per task `repo` (owner/name, "
@@ -596,7 +633,15 @@ def repo_tasks_grade(
     from codemill.repos.task import read_predictions, read_tasks
 
     with _known_failures():
-        task_list, preds = read_tasks(tasks), read_predictions(predictions)
+        taskset = None
+        if Path(tasks).is_dir():  # a built task set (a repo_tasks artifact): snapshots from its bundles
+            from codemill.repos.taskset import TaskSet
+
+            taskset = TaskSet(Path(tasks))
+            task_list = taskset.tasks()
+        else:
+            task_list = read_tasks(tasks)
+        preds = read_predictions(predictions)
 
         def show(g) -> None:
             why = f"  ({g.reasons[0]})" if g.reasons and not g.resolved else ""
@@ -604,7 +649,7 @@ def repo_tasks_grade(
             typer.echo(f"{g.instance_id}: {g.status}{why}{flag}")
 
         out = grade_predictions(task_list, preds, repos, workers=workers or usable_cpus(), wall_s=wall_s,
-                                partial=partial, on_grade=show)
+                                partial=partial, on_grade=show, taskset=taskset)
         for iid in out["unknown_ids"]:
             typer.echo(f"{iid}: unknown instance (not in {tasks})", err=True)
         typer.echo(f"resolved {out['resolved_instances']} of {out['submitted_instances']} submitted "

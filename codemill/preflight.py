@@ -57,7 +57,7 @@ def needs_of(command: str, cfg: PipelineConfig, until: str = "evaluate") -> Need
         return Needs(sandbox=sandboxed_suites, training=True, devices=(cfg.train.device,), vllm=eval_vllm)
     if command == "evaluate":
         return Needs(sandbox=sandboxed_suites, vllm=eval_vllm)
-    if command == "problems":
+    if command in ("problems", "repo-tasks build"):
         return Needs(sandbox=True)
     if command == "rl":
         update_device = getattr(cfg.rl.algorithm, "device", cfg.train.device)  # rft trains with train's device

@@ -15,28 +15,27 @@ import tempfile
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from codemill.errors import UserFacingError
 from codemill.repos.cache import RepoCache
+from codemill.repos.git import repo_folder
 from codemill.repos.grading import ERROR, Grade, grade_patch
 from codemill.repos.pytest_run import repo_sandbox
 from codemill.repos.task import Prediction, RepoTask
 
+if TYPE_CHECKING:
+    from codemill.repos.taskset import TaskSet
+
 SCHEMA_VERSION = 2
-
-
-def repo_folder(repos: Path, name: str) -> Path:
-    """Where a task's ``repo`` (``owner/name``) lives under ``repos``: ``owner/name``, ``owner__name`` or
-    ``name`` (the first that exists; the first form when none does)."""
-    candidates = [repos / name, repos / name.replace("/", "__"), repos / name.rsplit("/", 1)[-1]]
-    return next((c for c in candidates if c.exists()), candidates[0])
 
 
 def grade_predictions(tasks: Sequence[RepoTask], predictions: Sequence[Prediction], repos: Path,
                       cache: RepoCache | None = None, *, workers: int = 2, wall_s: float = 300.0,
-                      partial: bool = False, on_grade: Callable[[Grade], None] | None = None) -> dict[str, Any]:
-    cache = cache or RepoCache()
+                      partial: bool = False, on_grade: Callable[[Grade], None] | None = None,
+                      taskset: TaskSet | None = None) -> dict[str, Any]:
+    """``taskset``: tasks from a built task set (their snapshots come from its bundles, not from ``repos``)."""
+    cache = taskset.cache if taskset is not None else (cache or RepoCache())
     by_id = {t.instance_id: t for t in tasks}
     known = [p for p in predictions if p.instance_id in by_id]
     unknown = sorted(p.instance_id for p in predictions if p.instance_id not in by_id)
@@ -45,8 +44,13 @@ def grade_predictions(tasks: Sequence[RepoTask], predictions: Sequence[Predictio
     def one(pred: Prediction) -> Grade:
         task = by_id[pred.instance_id]
         try:
-            snapshot = cache.snapshot(repo_folder(repos, task.repo), task.base_commit)
-            grade = grade_patch(task, snapshot, cache.env(snapshot), pred.model_patch, sandbox, partial=partial)
+            if taskset is not None:
+                snapshot = taskset.snapshot(task)
+                env = taskset.env(task, snapshot)
+            else:
+                snapshot = cache.snapshot(repo_folder(repos, task.repo), task.base_commit)
+                env = cache.env(snapshot)
+            grade = grade_patch(task, snapshot, env, pred.model_patch, sandbox, partial=partial)
         except UserFacingError as e:
             grade = Grade(task.instance_id, ERROR, reasons=[str(e)])
         if on_grade is not None:

@@ -133,3 +133,10 @@ def commit_files(repo: str | Path, parent: str, changes: dict[str, bytes | None]
     commit = git(repo, "commit-tree", tree, "-p", parent, "-m", message).strip()
     git(repo, "update-ref", f"refs/codemill/{commit}", commit)
     return commit
+
+
+def repo_folder(repos: Path, name: str) -> Path:
+    """Where a task's ``repo`` (``owner/name``) lives under ``repos``: ``owner/name``, ``owner__name`` or
+    ``name`` (the first that exists; the first form when none does)."""
+    candidates = [repos / name, repos / name.replace("/", "__"), repos / name.rsplit("/", 1)[-1]]
+    return next((c for c in candidates if c.exists()), candidates[0])

@@ -24,7 +24,7 @@ import hashlib
 import json
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -216,15 +216,18 @@ class Synthesizer:
     wall_s: float = 120.0
     workers: int = 2
     on_progress: Callable[[str], None] | None = None
+    requirements: tuple[str, ...] = ()
 
-    def synthesize(self, name: str, repo: Path, commit: str = "HEAD") -> SynthesisReport:
+    def synthesize(self, name: str, repo: Path, commit: str = "HEAD",
+                   requirements: Sequence[str] = ()) -> SynthesisReport:
         t0 = time.monotonic()
         sandbox = repo_sandbox(self.wall_s)
         scratch = self.cache.root / "scratch"
         scratch.mkdir(parents=True, exist_ok=True)
         commit = git.resolve_commit(repo, commit)
         snapshot = self.cache.snapshot(repo, commit)
-        env = self.cache.env(snapshot)
+        self.requirements = tuple(requirements)
+        env = self.cache.env(snapshot, self.requirements)
         report = SynthesisReport(admit(name, snapshot, env, sandbox, self.min_pass_rate, scratch))
         if not report.admission.admitted:
             report.wall_s = time.monotonic() - t0
@@ -291,18 +294,23 @@ class Synthesizer:
         task = RepoTask(f"{name}__{m.operator}-{digest}", name, base, problem_statement(f2p, run), patch,
                         test_patch, tuple(f2p), tuple(p2p), time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                         "synthesis", "", m.label)
-        return self._validate(task, task_repo, sandbox, scratch)
+        return validate(task, self.cache, task_repo, sandbox, scratch, self.validation_runs, self.requirements)
 
-    def _validate(self, task: RepoTask, task_repo: Path, sandbox: Sandbox, scratch: Path) -> RepoTask | str:
-        snapshot = self.cache.snapshot(task_repo, task.base_commit)
-        env = self.cache.env(snapshot)
-        gold = [grade_patch(task, snapshot, env, task.patch, sandbox, scratch=scratch) for _ in
-                range(self.validation_runs)]
-        empty = grade_changes(task, snapshot, env, {}, sandbox, scratch=scratch)
-        if not all(g.resolved for g in gold):
-            return "gold patch fails"
-        if empty.resolved:
-            return "resolved without a change"
-        record = {"gold": [g.status for g in gold], "empty": empty.status,
-                  "gold_s": [round(g.duration_s, 2) for g in gold]}
-        return RepoTask(**{**task.__dict__, "validation": json.dumps(record)})
+
+def validate(task: RepoTask, cache: RepoCache, repo: Path, sandbox: Sandbox, scratch: Path | None, runs: int,
+             requirements: Sequence[str] = ()) -> RepoTask | str:
+    """The task with its validation record when the grader resolves its gold patch in ``runs`` of ``runs`` runs
+    and does not resolve an empty change; otherwise why not (a named outcome the yield report counts)."""
+    snapshot = cache.snapshot(repo, task.base_commit)
+    env = cache.env(snapshot, requirements)
+    gold = [grade_patch(task, snapshot, env, task.patch, sandbox, scratch=scratch) for _ in range(runs)]
+    if any(g.status == "error" for g in gold):
+        return "gold patch does not apply"
+    if not all(g.resolved for g in gold):
+        return "gold patch fails"
+    empty = grade_changes(task, snapshot, env, {}, sandbox, scratch=scratch)
+    if empty.resolved:
+        return "resolved without a change"
+    record = {"gold": [g.status for g in gold], "empty": empty.status,
+              "gold_s": [round(g.duration_s, 2) for g in gold]}
+    return RepoTask(**{**task.__dict__, "validation": json.dumps(record)})
