@@ -17,6 +17,7 @@ local cache once).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -189,10 +190,8 @@ class TaskSet:
                 repo.parent.mkdir(parents=True, exist_ok=True)
                 tmp = Path(tempfile.mkdtemp(prefix=".unbundle-", dir=repo.parent))
                 git.git(tmp, "clone", "-q", "--mirror", str(bundle), "r.git")
-                try:
+                with contextlib.suppress(OSError):  # another process unbundled it first
                     os.rename(tmp / "r.git", repo)
-                except OSError:  # another process unbundled it first
-                    pass
                 shutil.rmtree(tmp, ignore_errors=True)
             self._unbundled[w["bundle"]] = repo
         return self.cache.snapshot(repo, w["commit"])
