@@ -144,11 +144,10 @@ def hidden_files(snapshot: Path, test_ids: list[str]) -> dict[str, bytes] | None
         if qual in defined.get(path, set()):
             targets.setdefault(path, set()).add(qual)
             continue
-        method = qual.rsplit(".", 1)[-1]
-        owners = [(f, q) for f, names in defined.items() for q in names if "." in q and q.endswith("." + method)]
-        if len(owners) != 1:
+        owner = _inherited_from(snapshot, path, qual, defined)
+        if owner is None:
             return None
-        targets.setdefault(owners[0][0], set()).add(owners[0][1])
+        targets.setdefault(owner[0], set()).add(owner[1])
     out: dict[str, bytes] = {}
     for path, quals in sorted(targets.items()):
         text = hide_functions((snapshot / path).read_text(), sorted(quals))
@@ -156,6 +155,42 @@ def hidden_files(snapshot: Path, test_ids: list[str]) -> dict[str, bytes] | None
             return None
         out[path] = text.encode()
     return out
+
+
+def _bases(source: str, cls: str) -> list[str]:
+    """The names of the base classes of class ``cls`` (a qualified name) in ``source``."""
+    scope: list[ast.stmt] = ast.parse(source).body
+    node: ast.ClassDef | None = None
+    for part in cls.split("."):
+        node = next((n for n in scope if isinstance(n, ast.ClassDef) and n.name == part), None)
+        if node is None:
+            return []
+        scope = node.body
+    assert node is not None
+    return [b.id if isinstance(b, ast.Name) else b.attr for b in node.bases if isinstance(b, ast.Name | ast.Attribute)]
+
+
+def _inherited_from(snapshot: Path, path: str, qual: str, defined: dict[str, set[str]]) -> tuple[str, str] | None:
+    """Where the method behind test ``qual`` (``Class.method``) of ``path`` is defined when its class inherits it:
+    the first base class (breadth first) that defines it, in the same file first, else in exactly one test file."""
+    if "." not in qual:
+        return None
+    cls, method = qual.rsplit(".", 1)
+    queue = [(path, cls)]
+    seen: set[tuple[str, str]] = set()
+    while queue:
+        file, name = queue.pop(0)
+        if (file, name) in seen or len(seen) > 20:
+            continue
+        seen.add((file, name))
+        for base in _bases((snapshot / file).read_text(errors="replace"), name):
+            if f"{base}.{method}" in defined.get(file, set()):
+                return file, f"{base}.{method}"
+            owners = [f for f, names in defined.items() if f"{base}.{method}" in names]
+            if len(owners) == 1:
+                return owners[0], f"{base}.{method}"
+            queue += [(f, base) for f, names in defined.items() if any(q.startswith(base + ".") for q in names)]
+    return None
 
 
 def hide_functions(source: str, qualnames: list[str]) -> str | None:

@@ -77,3 +77,21 @@ def test_hidden_tests_lose_their_decorators_and_classes_keep_a_body():
     assert out is not None and "test_a" not in out and "test_b" not in out and "parametrize" not in out
     assert "class TestB:\n    pass\n" in out and "def test_c" in out
     assert hide_functions(tests, ["test_missing"]) is None
+
+
+def test_an_inherited_test_is_hidden_where_its_mixin_defines_it(tmp_path):
+    from codemill.repos.synthesis import hidden_files
+
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "__init__.py").write_text(
+        "class CacheMixin:\n    def test_get(self):\n        assert 1\n\n    def test_put(self):\n        assert 1\n")
+    (tmp_path / "tests" / "test_lru.py").write_text(
+        "import unittest\nfrom tests import CacheMixin\n\n\nclass LRUTest(unittest.TestCase, CacheMixin):\n"
+        "    def test_lru(self):\n        assert 1\n")
+    (tmp_path / "tests" / "test_other.py").write_text(
+        "class Other:\n    def test_get(self):\n        assert 1\n")
+    hidden = hidden_files(tmp_path, ["tests/test_lru.py::LRUTest::test_get", "tests/test_lru.py::LRUTest::test_lru"])
+    assert hidden is not None and set(hidden) == {"tests/__init__.py", "tests/test_lru.py"}
+    assert b"test_get" not in hidden["tests/__init__.py"] and b"test_put" in hidden["tests/__init__.py"]
+    assert b"test_lru" not in hidden["tests/test_lru.py"]
+    assert hidden_files(tmp_path, ["tests/test_lru.py::LRUTest::test_missing"]) is None
