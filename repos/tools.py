@@ -15,12 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from codemill.repos.grading import GIT_SAFE
 from codemill.repos.pytest_run import ENV_MOUNT, env_mounts, run_pytest
 from codemill.repos.workspace import MOUNT_POINT, Workspace, WorkspaceError, clean_relative
-from codemill.sandbox.limits import Limits
 from codemill.sandbox.runner import Outcome, Sandbox
-
-GIT_ENV = {"GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "safe.directory", "GIT_CONFIG_VALUE_0": "*"}
 
 
 @dataclass(frozen=True)
@@ -166,15 +164,18 @@ class RepoTools:
         return sorted(out)
 
     # --- in the sandbox --------------------------------------------------------------------------------
+    def _box(self, wall_s: float) -> Sandbox:
+        """The run's sandbox with this tool's wall clock (and as much CPU time)."""
+        import dataclasses
+
+        limits = dataclasses.replace(self.sandbox.limits, wall_s=wall_s, cpu_s=int(wall_s) + 1)
+        return Sandbox(limits, unsafe=self.sandbox.unsafe, overlay=True)
+
     def _command(self, argv: list[str], wall_s: float, stdin: bytes = b"") -> tuple[str, bool]:
-        limits = self.sandbox.limits
-        box = Sandbox(Limits(wall_s=wall_s, cpu_s=int(wall_s) + 1, memory_bytes=limits.memory_bytes,
-                             file_bytes=limits.file_bytes, open_files=limits.open_files,
-                             processes=limits.processes, tmpfs_bytes=limits.tmpfs_bytes),
-                      unsafe=self.sandbox.unsafe, overlay=True)
+        box = self._box(wall_s)
         res = box.execute(argv, stdin=stdin, mounts=(*env_mounts(self.env), *self.ws.mounts()), chdir=MOUNT_POINT,
                           env={"PATH": f"{ENV_MOUNT}/bin:/usr/bin:/bin", "HOME": "/tmp", "PYTHONDONTWRITEBYTECODE": "1",
-                               **GIT_ENV}, output_budget=self.limits.output_chars)
+                               **GIT_SAFE}, output_budget=self.limits.output_chars)
         text = res.stdout
         if res.outcome == Outcome.TIMED_OUT:
             text += f"\n[stopped: the command ran past {wall_s:.0f} s]"
@@ -196,18 +197,9 @@ class RepoTools:
     def run_tests(self, tests: list[str] | None = None) -> str:
         if tests is not None and not (isinstance(tests, list) and all(isinstance(t, str) for t in tests)):
             raise ToolError("tests is a list of test files or node ids")
-        run = run_pytest(self.ws, self.env, self.sandbox_for_tests(), tests or [],
+        run = run_pytest(self.ws, self.env, self._box(self.limits.tests_s), tests or [],
                          output_budget=self.limits.output_chars)
         out = run.exit.stdout if run.exit is not None else ""
         if run.exit is not None and run.exit.outcome == Outcome.TIMED_OUT:
             out += f"\n[stopped: the tests ran past {self.limits.tests_s:.0f} s]"
         return cut_middle(out.strip() or "no output", self.limits.output_chars)
-
-    def sandbox_for_tests(self) -> Sandbox:
-        limits = self.sandbox.limits
-        return Sandbox(Limits(wall_s=self.limits.tests_s, cpu_s=int(self.limits.tests_s) + 5,
-                              memory_bytes=limits.memory_bytes, file_bytes=limits.file_bytes,
-                              open_files=limits.open_files, processes=limits.processes,
-                              tmpfs_bytes=limits.tmpfs_bytes), unsafe=self.sandbox.unsafe, overlay=True)
-
-
