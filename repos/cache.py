@@ -20,7 +20,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from codemill.errors import UserFacingError
@@ -57,24 +57,14 @@ class RepoCache:
     def snapshot(self, repo: str | Path, commit: str) -> Path:
         """The snapshot of ``repo`` at ``commit`` (built on first use)."""
         tree = git.tree_of(repo, commit)
-        final = self.root / "snapshots" / tree
-        if final.is_dir():
-            return final
-        with _locked(final):
-            if final.is_dir():
-                return final
-            tmp = Path(tempfile.mkdtemp(prefix=f".{tree[:12]}-", dir=final.parent))
-            try:
-                git.export_tree(repo, commit, tmp)
-                git.squash_into_repo(tmp, f"snapshot {tree[:12]}")
-                _open_to_sandbox_uids(tmp)
-                git.git(tmp, "update-index", "-q", "--refresh", check=False)
-                tmp.chmod(0o755)
-                os.rename(tmp, final)
-            except BaseException:
-                shutil.rmtree(tmp, ignore_errors=True)
-                raise
-        return final
+
+        def build(tmp: Path) -> None:
+            git.export_tree(repo, commit, tmp)
+            git.squash_into_repo(tmp, f"snapshot {tree[:12]}")
+            _open_to_sandbox_uids(tmp)
+            git.git(tmp, "update-index", "-q", "--refresh", check=False)
+
+        return _built_once(self.root / "snapshots" / tree, build)
 
     # --- execution environments -----------------------------------------------------------------------
     def env(self, snapshot: Path, requirements: Sequence[str] = ()) -> Path:
@@ -82,22 +72,28 @@ class RepoCache:
         dists = distribution_closure([*TEST_REQUIREMENTS, *requirements])
         roots = [r for r in SOURCE_ROOTS if (snapshot / r).is_dir()]
         digest = digest_of({"python": sys.version, "executable": os.path.realpath(sys.executable),
-                              "dists": sorted((d, v) for d, (v, _) in dists.items()), "roots": roots})
+                            "dists": sorted((d, v) for d, (v, _) in dists.items()), "roots": roots})
         final = self.root / "envs" / digest[:16]
+        return _built_once(final, lambda tmp: _build_env(tmp, final, dists, roots))
+
+
+def _built_once(final: Path, build: Callable[[Path], None]) -> Path:
+    """``final``, built by ``build`` into a temporary folder renamed into place last (under a lock, so two
+    processes build it once, and a killed build leaves nothing that looks finished)."""
+    if final.is_dir():
+        return final
+    with _locked(final):
         if final.is_dir():
             return final
-        with _locked(final):
-            if final.is_dir():
-                return final
-            tmp = Path(tempfile.mkdtemp(prefix=f".{digest[:12]}-", dir=final.parent))
-            try:
-                _build_env(tmp, final, dists, roots)
-                tmp.chmod(0o755)
-                os.rename(tmp, final)
-            except BaseException:
-                shutil.rmtree(tmp, ignore_errors=True)
-                raise
-        return final
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name[:12]}-", dir=final.parent))
+        try:
+            build(tmp)
+            tmp.chmod(0o755)
+            os.rename(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return final
 
 
 def python_of(env: Path) -> str:
