@@ -437,8 +437,8 @@ def prepare(tasks: list[RepoTask], repos: Path) -> Iterator[Prepared]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--tasks", type=Path, default=Path("/work/synth-out/tasks.jsonl"))
-    ap.add_argument("--repos", type=Path, default=Path("/work/synth-out/repos"),
+    ap.add_argument("--tasks", type=Path, default=Path("synth/tasks.jsonl"))
+    ap.add_argument("--repos", type=Path, default=Path("synth/repos"),
                     help="the task repositories, one folder per task's repo")
     ap.add_argument("--per-repo", type=int, default=3, help="tasks per repository")
     ap.add_argument("--rounds", type=int, default=2, help="passes over the tasks for grading and episodes")

@@ -52,11 +52,18 @@ def _locked(path: Path) -> Iterator[None]:
 class RepoCache:
     def __init__(self, root: Path | None = None) -> None:
         self.root = Path(root or default_root())
+        # What a warm lookup would otherwise recompute per episode (git subprocesses, the installed dists):
+        # a full commit hash always names the same tree, and this process's installed packages do not change.
+        self._trees: dict[tuple[str, str], str] = {}
+        self._envs: dict[tuple[str, tuple[str, ...]], Path] = {}
 
     # --- snapshots ------------------------------------------------------------------------------------
     def snapshot(self, repo: str | Path, commit: str) -> Path:
         """The snapshot of ``repo`` at ``commit`` (built on first use)."""
-        tree = git.tree_of(repo, commit)
+        key = (str(repo), commit)
+        tree = self._trees.get(key) or git.tree_of(repo, commit)
+        if len(commit) == 40 and all(c in "0123456789abcdef" for c in commit):
+            self._trees[key] = tree
 
         def build(tmp: Path) -> None:
             git.export_tree(repo, commit, tmp)
@@ -69,6 +76,13 @@ class RepoCache:
     # --- execution environments -----------------------------------------------------------------------
     def env(self, snapshot: Path, requirements: Sequence[str] = ()) -> Path:
         """The environment for a repository's tests (its snapshot gives the source roots)."""
+        key = (str(snapshot), tuple(requirements))
+        if key in self._envs and self._envs[key].is_dir():
+            return self._envs[key]
+        self._envs[key] = self._env(snapshot, requirements)
+        return self._envs[key]
+
+    def _env(self, snapshot: Path, requirements: Sequence[str]) -> Path:
         dists = distribution_closure([*TEST_REQUIREMENTS, *requirements])
         roots = [r for r in SOURCE_ROOTS if (snapshot / r).is_dir()]
         digest = digest_of({"python": sys.version, "executable": os.path.realpath(sys.executable),
