@@ -10,7 +10,10 @@ its phases: an error in setup or teardown fails it.
 
 from __future__ import annotations
 
+import functools
 import json
+import os
+import platform
 import shutil
 import tempfile
 from collections.abc import Sequence
@@ -79,12 +82,26 @@ def parse_outcomes(text: str) -> TestRun:
 
 def pytest_argv(selection: Sequence[str] = (), extra: Sequence[str] = ()) -> list[str]:
     """The command that runs ``selection`` (test ids; empty: the whole suite) in ``/repo``."""
-    args = [f"{ENV_MOUNT}/bin/python", "-I", "-B", "-m", "pytest", "-p", PLUGIN,
+    # -s -P, not -I: -I ignores every PYTHON* variable, PYTHONHASHSEED too, and a suite whose test ids come from
+    # iterating a set of strings gets other ids on every run. The sandbox's environment is ours alone (bwrap
+    # --clearenv), so honouring it lets in nothing of the agent's.
+    args = [*_fixed_addresses(), f"{ENV_MOUNT}/bin/python", "-s", "-P", "-B", "-m", "pytest", "-p", PLUGIN,
             "-p", "no:cacheprovider", "-q", "--no-header", "-rN", "--continue-on-collection-errors", "--rootdir",
             MOUNT_POINT, *extra]
     if selection:
         args.append(f"@{REPORT_DIR}/selection.txt")
     return args
+
+
+@functools.lru_cache(maxsize=1)
+def _fixed_addresses() -> tuple[str, ...]:
+    """``setarch -R``: the run without address-space randomisation, when util-linux's ``setarch`` is installed
+    under ``/usr`` (the sandbox sees it there). Objects hashed by address (``None``, plain instances) then hash
+    alike on every run, and so do the test ids a suite builds by iterating a set of them (isodate's do): without
+    it, ids differ between runs and a task graded by id cannot be validated."""
+    found = shutil.which("setarch")
+    real = os.path.realpath(found) if found else ""
+    return ("setarch", platform.machine(), "-R") if real.startswith("/usr/") else ()
 
 
 def run_pytest(ws: Workspace, env: Path, sandbox: Sandbox, selection: Sequence[str] = (),

@@ -25,6 +25,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from enum import StrEnum
@@ -186,14 +187,18 @@ class Sandbox:
                                         env={"PATH": "/usr/bin:/bin", **(env or {})} if self.unsafe else {},
                                         preexec_fn=self._preexec(), start_new_session=True)
             with proc:
-                timed_out = False
+                # A watchdog kills the group at the wall clock while this thread blocks in waitpid: Popen's own
+                # timed wait polls with sleeps of up to 50 ms, a few ms of every short command.
+                expired = threading.Event()
+                watchdog = threading.Timer(self.limits.wall_s, _expire, (proc, expired))
+                watchdog.start()
                 try:
-                    proc.communicate(stdin, timeout=self.limits.wall_s)
-                except subprocess.TimeoutExpired:
-                    timed_out = True
-                    _kill_group(proc)
+                    proc.communicate(stdin)
                 except BrokenPipeError:
                     proc.wait()
+                finally:
+                    watchdog.cancel()
+                timed_out = expired.is_set()
                 duration = time.monotonic() - t0
             stdout = _tail(out_path) if output_budget is None else middle(out_path, output_budget)
             stderr = _tail(err_path)
@@ -214,10 +219,10 @@ def middle(path: Path, budget: int) -> str:
             + tail.decode("utf-8", errors="replace"))
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    with contextlib.suppress(ProcessLookupError):
+def _expire(proc: subprocess.Popen, expired: threading.Event) -> None:
+    expired.set()
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
 
 
 def _tail(path: Path) -> str:
