@@ -618,8 +618,9 @@ def repo_tasks_grade(
                                             "or a repo_tasks artifact folder (its snapshots need no --repos).")],
     predictions: Annotated[str, typer.Option(help="Predictions JSONL: instance_id, model_name_or_path, "
                                                   "model_patch per line.")],
-    repos: Annotated[Path, typer.Option(help="Folder with one git repository per task `repo` (owner/name, "
-                                             "owner__name or name).")] = Path("repos"),
+    repos: Annotated[Path | None, typer.Option(help="Folder with one git repository per task `repo` "
+                                                    "(owner/name, owner__name or name); not needed for a "
+                                                    "repo_tasks artifact.")] = None,
     report: Annotated[Path | None, typer.Option(help="Write the JSON run report here.")] = None,
     workers: Annotated[int | None, typer.Option(help="Instances graded at once (default: usable cores).")] = None,
     wall_s: Annotated[float, typer.Option(help="Wall clock of one instance's test run, seconds.")] = 300.0,
@@ -640,6 +641,8 @@ def repo_tasks_grade(
             taskset = TaskSet(Path(tasks))
             task_list = taskset.tasks()
         else:
+            if repos is None:
+                raise typer.BadParameter("--repos is needed with a tasks file (the folder of its repositories)")
             task_list = read_tasks(tasks)
         preds = read_predictions(predictions)
 
@@ -648,7 +651,7 @@ def repo_tasks_grade(
             flag = "  [suspicious]" if g.suspicious else ""
             typer.echo(f"{g.instance_id}: {g.status}{why}{flag}")
 
-        out = grade_predictions(task_list, preds, repos, workers=workers or usable_cpus(), wall_s=wall_s,
+        out = grade_predictions(task_list, preds, repos or Path("."), workers=workers or usable_cpus(), wall_s=wall_s,
                                 partial=partial, on_grade=show, taskset=taskset)
         for iid in out["unknown_ids"]:
             typer.echo(f"{iid}: unknown instance (not in {tasks})", err=True)

@@ -21,7 +21,7 @@ from codemill.repos import toolcall
 from codemill.repos.grading import Grade, grade_changes
 from codemill.repos.task import RepoTask
 from codemill.repos.toolcall import ToolCall, ToolResult
-from codemill.repos.tools import RepoTools, ToolError, ToolLimits
+from codemill.repos.tools import READ_ONLY, RepoTools, ToolError, ToolLimits
 from codemill.repos.workspace import Workspace
 from codemill.sandbox.runner import Sandbox
 
@@ -93,13 +93,29 @@ class RepoEpisode:
         return toolcall.render(results)
 
     def _run(self, calls: list[ToolCall]) -> list[ToolResult]:
-        for c in calls:
-            self.stats.tool_calls[c.name or "(malformed)"] += 1
-            self._watch(c)
-        if not calls:
-            return []
-        with ThreadPoolExecutor(max(1, min(self.limits.parallel_calls, len(calls)))) as pool:
-            results = list(pool.map(self._one, calls))
+        """The calls in order: a run of consecutive reading calls at once, every other call alone, so a read
+        after an edit in the same turn sees the edit. Past the episode's wall clock the rest are not run."""
+        results: list[ToolResult] = []
+        start = 0
+        while start < len(calls):
+            end = start + 1
+            while (calls[start].name in READ_ONLY and end < len(calls) and calls[end].name in READ_ONLY
+                   and end - start < self.limits.parallel_calls):
+                end += 1
+            batch = calls[start:end]
+            if time.monotonic() - self.started > self.limits.wall_s:
+                results += [ToolResult(c.name, "not run: the episode's wall clock ran out", True) for c in batch]
+                self.stats.finish = WALL
+            else:
+                for c in batch:
+                    self.stats.tool_calls[c.name or "(malformed)"] += 1
+                    self._watch(c)
+                if len(batch) == 1:
+                    results.append(self._one(batch[0]))
+                else:
+                    with ThreadPoolExecutor(len(batch)) as pool:
+                        results += list(pool.map(self._one, batch))
+            start = end
         for c, r in zip(calls, results, strict=True):
             self.stats.tool_s += r.duration_s
             if r.error:

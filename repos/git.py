@@ -13,6 +13,8 @@ from pathlib import Path
 from codemill.errors import UserFacingError
 
 SNAPSHOT_BRANCH = "main"
+# git run inside the sandbox, as a uid that does not own the tree, refuses the repository unless told it is safe.
+GIT_SAFE = {"GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "safe.directory", "GIT_CONFIG_VALUE_0": "*"}
 IDENTITY = {"GIT_AUTHOR_NAME": "codemill", "GIT_AUTHOR_EMAIL": "codemill@localhost",
             "GIT_COMMITTER_NAME": "codemill", "GIT_COMMITTER_EMAIL": "codemill@localhost",
             "GIT_AUTHOR_DATE": "2000-01-01T00:00:00Z", "GIT_COMMITTER_DATE": "2000-01-01T00:00:00Z"}

@@ -18,6 +18,7 @@ FAIL_TO_PASS tests passed when every PASS_TO_PASS one did. The environment's fin
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import secrets
 import threading
@@ -27,14 +28,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from codemill.errors import one_line
+from codemill.repos.git import GIT_SAFE
 from codemill.repos.pytest_run import TestRun, run_pytest
 from codemill.repos.screening import screen
 from codemill.repos.task import RepoTask
-from codemill.repos.workspace import MOUNT_POINT, Workspace, apply_changes
+from codemill.repos.workspace import MOUNT_POINT, Workspace, WorkspaceError, apply_changes
 from codemill.sandbox.runner import Outcome, Sandbox
 
 RESOLVED, UNRESOLVED, ERROR, EMPTY = "resolved", "unresolved", "error", "empty_patch"
-GIT_SAFE = {"GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "safe.directory", "GIT_CONFIG_VALUE_0": "*"}
 
 
 class PatchError(ValueError):
@@ -105,25 +106,40 @@ class Controls:
     path: str
     must_pass: str
     must_fail: str
-    source: bytes
+    source: bytes  # appended to the file at ``path``
 
 
-def draw_controls(task: RepoTask, snapshot: Path) -> Controls:
-    """Two tests under fresh random names beside the task's first test file: one true assertion and one false,
-    in the same shape, so code that rewrites outcomes wholesale gives itself away."""
-    first = (task.FAIL_TO_PASS or task.PASS_TO_PASS)[0].split("::", 1)[0]
-    folder = first.rsplit("/", 1)[0] if "/" in first else ""
-    while True:
-        name = f"test_{secrets.token_hex(6)}.py"
-        path = f"{folder}/{name}" if folder else name
-        if not (snapshot / path).exists():
-            break
-    a, b = (f"test_{secrets.token_hex(6)}" for _ in range(2))
+SUFFIXES = ("basic", "edge", "empty", "large", "negative", "repeat", "roundtrip", "unicode", "default", "nested")
+
+
+def _test_names(source: str) -> list[str]:
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return []
+    return [n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
+            and n.name.startswith("test")]
+
+
+def draw_controls(task: RepoTask, current: str) -> Controls:
+    """Two tests appended to the task's first test file (``current``: its text as graded), named like its own
+    tests (``test_<a neighbour>_<word><digits>``), one true assertion and one false in the same shape: code that
+    rewrites outcomes wholesale, or tells them apart by file or name, gives itself away."""
+    path = (task.FAIL_TO_PASS or task.PASS_TO_PASS)[0].split("::", 1)[0]
+    taken = set(_test_names(current))
+    stems = sorted(taken) or ["test_case"]
+    names: list[str] = []
+    while len(names) < 2:
+        name = (f"{stems[secrets.randbelow(len(stems))].split('[', 1)[0]}_"
+                f"{SUFFIXES[secrets.randbelow(len(SUFFIXES))]}{secrets.randbelow(90) + 10}")
+        if name not in taken and name not in names:
+            names.append(name)
+    a, b = names
     x, y, z, w = (secrets.randbelow(10_000) for _ in range(4))
     wrong = z + w + 1 + secrets.randbelow(9)
     bodies = {a: f"    assert {x} + {y} == {x + y}\n", b: f"    assert {z} + {w} == {wrong}\n"}
     order = [a, b] if secrets.randbelow(2) else [b, a]
-    source = "".join(f"def {n}():\n{bodies[n]}\n\n" for n in order).encode()
+    source = ("\n\n" + "".join(f"def {n}():\n{bodies[n]}\n\n" for n in order)).encode()
     return Controls(path, f"{path}::{a}", f"{path}::{b}", source)
 
 
@@ -139,12 +155,25 @@ def grade_changes(task: RepoTask, snapshot: Path, env: Path, changes: dict[str, 
     except PatchError as e:
         grade.status, grade.reasons = ERROR, [f"the task's test_patch does not apply: {e}"]
         return grade
-    controls = draw_controls(task, snapshot)
+    if screened.disqualified:
+        grade.reasons = [f"the change reaches into the test runner: {', '.join(screened.disqualified)}"]
+        grade.controls = "not run"
+        grade.duration_s = time.monotonic() - t0
+        return grade
     ws = Workspace.create(snapshot, scratch)
     try:
-        apply_changes(ws, screened.kept)
-        apply_changes(ws, tests)
-        apply_changes(ws, {controls.path: controls.source})
+        try:
+            apply_changes(ws, screened.kept)
+            apply_changes(ws, tests)
+            first = (task.FAIL_TO_PASS or task.PASS_TO_PASS)[0].split("::", 1)[0]
+            current = ws.read_bytes(first) if ws.exists(first) else b""
+            controls = draw_controls(task, current.decode("utf-8", errors="replace"))
+            apply_changes(ws, {controls.path: current + controls.source})
+        except WorkspaceError as e:  # the agent's tree cannot take the task's files (a file where a folder was)
+            grade.reasons = [f"the grading tree cannot be built from the change: {e}"]
+            grade.controls = "not run"
+            grade.duration_s = time.monotonic() - t0
+            return grade
         # Whole files, not node ids: pytest aborts the run when one named id cannot be collected, where a file
         # with a collection error only loses its own tests (the outcomes of the rest are read by id).
         files = sorted({t.split("::", 1)[0] for t in task.expected_tests} | {controls.path})
@@ -188,8 +217,10 @@ def _judge(task: RepoTask, run: TestRun, controls: Controls, grade: Grade, parti
     else:
         said = [f"must-pass control {outcome(controls.must_pass)}"] if not pass_ok else []
         said += [f"must-fail control {outcome(controls.must_fail)}"] if not fail_ok else []
-        # A run that never finished (a timeout, a crash) loses its controls too; that is a failure, not a forgery.
-        finished = run.finished or outcome(controls.must_fail) == "passed"
+        # A run that never finished (a timeout, a crash), or a controls' file that did not collect (the change
+        # broke an import the file needs), loses its controls too: a failure, not a forgery.
+        lost = controls.path in run.collect_errors and not pass_ok and outcome(controls.must_fail) == "missing"
+        finished = (run.finished and not lost) or outcome(controls.must_fail) == "passed"
         grade.controls = ("tampered: " if finished else "incomplete: ") + ", ".join(said)
         if finished:
             grade.suspicious.append("controls: " + ", ".join(said))

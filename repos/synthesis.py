@@ -261,8 +261,8 @@ class Synthesizer:
         scratch.mkdir(parents=True, exist_ok=True)
         commit = git.resolve_commit(repo, commit)
         snapshot = self.cache.snapshot(repo, commit)
-        self.requirements = tuple(requirements)
-        env = self.cache.env(snapshot, self.requirements)
+        requirements = tuple(requirements) or self.requirements
+        env = self.cache.env(snapshot, requirements)
         report = SynthesisReport(admit(name, snapshot, env, sandbox, self.min_pass_rate, scratch))
         if not report.admission.admitted:
             report.wall_s = time.monotonic() - t0
@@ -274,13 +274,14 @@ class Synthesizer:
         report.tried.update(m.operator for m in chosen)
 
         def attempt(m: Mutation) -> RepoTask | str:
-            return self._attempt(name, m, snapshot, env, sandbox, scratch, task_repo, commit, report.admission)
+            return self._attempt(name, m, snapshot, env, sandbox, scratch, task_repo, commit, report.admission,
+                                 requirements)
 
         with ThreadPoolExecutor(max(1, self.workers)) as pool:
             for m, outcome in zip(chosen, pool.map(attempt, chosen), strict=True):
                 if isinstance(outcome, str):
                     report.dropped[outcome] += 1
-                    if outcome != "no test fails" and outcome != "no test passes":
+                    if outcome not in ("no test fails", "no test passes", "mutant run did not finish"):
                         report.kept[m.operator] += 1  # kept as a mutant, lost in task building or validation
                     continue
                 report.kept[m.operator] += 1
@@ -302,15 +303,17 @@ class Synthesizer:
         return path
 
     def _attempt(self, name: str, m: Mutation, snapshot: Path, env: Path, sandbox: Sandbox, scratch: Path,
-                 task_repo: Path, commit: str, adm: Admission) -> RepoTask | str:
+                 task_repo: Path, commit: str, adm: Admission, requirements: tuple[str, ...]) -> RepoTask | str:
         ws = Workspace.create(snapshot, scratch)
         try:
             apply_changes(ws, {m.path: m.source.encode()})
             run = run_pytest(ws, env, sandbox)
         finally:
             ws.remove()
+        if not run.finished:
+            return "mutant run did not finish"  # cut by the wall clock or killed: its missing tests say nothing
         passing = set(adm.passing)
-        f2p = sorted(t for t in passing if run.outcomes.get(t, "missing") != "passed")
+        f2p = sorted(t for t in passing if run.outcomes.get(t) in ("failed", "error"))
         p2p = sorted(t for t in passing if run.outcomes.get(t) == "passed")
         if not f2p:
             return "no test fails"
@@ -329,7 +332,7 @@ class Synthesizer:
         task = RepoTask(f"{name}__{m.operator}-{digest}", name, base, problem_statement(f2p, run), patch,
                         test_patch, tuple(f2p), tuple(p2p), time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                         "synthesis", "", m.label)
-        return validate(task, self.cache, task_repo, sandbox, scratch, self.validation_runs, self.requirements)
+        return validate(task, self.cache, task_repo, sandbox, scratch, self.validation_runs, requirements)
 
 
 def validate(task: RepoTask, cache: RepoCache, repo: Path, sandbox: Sandbox, scratch: Path | None, runs: int,

@@ -94,10 +94,12 @@ def task_from_row(row: dict[str, Any], where: str) -> RepoTask:
         raise TaskFileError(f"{where}: missing {', '.join(missing)}")
     text = {k: str(row.get(k) or "") for k in ("problem_statement", "created_at", "source", "split", "mutation",
                                                  "validation")}
+    f2p = _id_list(row["FAIL_TO_PASS"], f"{where}: FAIL_TO_PASS")
+    if not f2p:
+        raise TaskFileError(f"{where}: FAIL_TO_PASS is empty (a task needs a test that its fix makes pass)")
     return RepoTask(str(row["instance_id"]), str(row["repo"]), str(row["base_commit"]),
                     text["problem_statement"], str(row["patch"]), str(row["test_patch"]),
-                    _id_list(row["FAIL_TO_PASS"], f"{where}: FAIL_TO_PASS"),
-                    _id_list(row.get("PASS_TO_PASS"), f"{where}: PASS_TO_PASS"),
+                    f2p, _id_list(row.get("PASS_TO_PASS"), f"{where}: PASS_TO_PASS"),
                     text["created_at"], text["source"] or "import", text["split"], text["mutation"],
                     text["validation"])
 

@@ -1,10 +1,11 @@
 """The tools an agent works with in a repository workspace, each with its own limits.
 
-Reading tools (``list_dir``, ``read_file``, ``search``) and ``edit`` run in this process on the workspace's
-layers (no process to start: well under a millisecond over the work itself). ``apply_patch``, ``run_tests`` and
-``bash`` run in the sandbox over the workspace's overlay mount (no network, a wall clock per call, output cut in
-the middle to a budget). A tool's failure (a missing file, an ambiguous edit, a patch that does not apply, a
-command that times out) is its result, marked as an error, never an exception: the agent reads it and goes on.
+``list_dir``, ``read_file`` and ``edit`` run in this process on the workspace's layers (no process to start: well
+under a millisecond over the work itself), never following a link. ``search`` (grep -P), ``apply_patch``,
+``run_tests`` and ``bash`` run in the sandbox over the workspace's overlay mount (no network, a wall clock per
+call, output cut in the middle to a budget). A tool's failure (a missing file, an ambiguous edit, a patch that
+does not apply, a command that times out) is its result, marked as an error, never an exception: the agent reads
+it and goes on.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from codemill.repos.grading import GIT_SAFE
+from codemill.repos.git import GIT_SAFE
 from codemill.repos.pytest_run import ENV_MOUNT, env_mounts, run_pytest
 from codemill.repos.workspace import MOUNT_POINT, Workspace, WorkspaceError, clean_relative
 from codemill.sandbox.runner import Outcome, Sandbox
@@ -27,7 +28,6 @@ class ToolLimits:
     read_lines: int = 400  # lines one read_file returns
     list_entries: int = 300
     search_results: int = 50
-    search_file_bytes: int = 1 << 20  # larger files are not searched
     command_s: float = 60.0  # bash and apply_patch
     tests_s: float = 300.0  # run_tests
 
@@ -55,7 +55,7 @@ SPECS: list[dict[str, Any]] = [
      "parameters": {"type": "object", "properties": {}}},
 ]
 NAMES = tuple(s["name"] for s in SPECS)
-READ_ONLY = ("list_dir", "read_file", "search")
+READ_ONLY = ("list_dir", "read_file")  # answered in this process; search runs in the sandbox
 
 
 class ToolError(Exception):
@@ -87,10 +87,10 @@ class RepoTools:
                 return getattr(self, name)(**args)
             with self.writing:
                 return getattr(self, name)(**args)
-        except TypeError as e:
-            raise ToolError(f"{name}: {e}") from None
         except WorkspaceError as e:
             raise ToolError(str(e)) from None
+        except (TypeError, ValueError, AttributeError, OSError) as e:  # arguments of the wrong kind, a bad path
+            raise ToolError(f"{name}: {type(e).__name__}: {e}") from None
 
     # --- in this process ------------------------------------------------------------------------------
     def list_dir(self, path: str = ".") -> str:
@@ -111,28 +111,30 @@ class RepoTools:
                                   else ""), self.limits.output_chars)
 
     def search(self, pattern: str, path: str = ".") -> str:
+        """grep -P in the sandbox: its wall clock bounds a pattern that backtracks forever, and it reads the tree
+        as the agent's commands see it."""
+        if not isinstance(pattern, str) or not pattern:
+            raise ToolError("search needs a pattern")
         try:
-            regex = re.compile(pattern)
+            re.compile(pattern)
         except re.error as e:
             raise ToolError(f"not a regular expression: {e}") from None
-        hits: list[str] = []
-        for rel in self._files(clean_relative(path)):
-            data = self.ws.read_bytes(rel)
-            if len(data) > self.limits.search_file_bytes or b"\0" in data[:4096]:
-                continue
-            for n, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), 1):
-                if regex.search(line):
-                    hits.append(f"{rel}:{n}:{line.strip()[:200]}")
-                    if len(hits) >= self.limits.search_results:
-                        return "\n".join(hits) + f"\n[stopped at {len(hits)} results]"
-        return "\n".join(hits) or "no matches"
+        rel = clean_relative(path) or "."
+        n = self.limits.search_results
+        command = (f"grep -rnIP --exclude-dir=.git --max-count={n} -e \"$1\" -- \"$2\" 2>/dev/null | "
+                   f"head -n {n + 1} | cut -c1-300")
+        text, _ = self._command(["/bin/sh", "-c", command, "search", pattern, rel], self.limits.command_s)
+        lines = [ln for ln in text.splitlines() if not ln.startswith("[exit code")]
+        if len(lines) > n:
+            return "\n".join(lines[:n]) + f"\n[stopped at {n} results]"
+        return "\n".join(lines) or "no matches"
 
     def edit(self, path: str, new: str, old: str = "") -> str:
         rel = clean_relative(path)
         if not old:
-            if self.ws.exists(rel):
+            if self.ws.kind(rel) == "file":
                 raise ToolError(f"{rel} exists; give the text to replace as old")
-            self.ws.write_bytes(rel, new.encode())
+            self.ws.write_bytes(rel, new.encode())  # refuses a link, a folder or a special file on the way
             return f"created {rel}"
         text = self._text(rel)
         count = text.count(old)
@@ -145,23 +147,6 @@ class RepoTools:
 
     def _text(self, path: str) -> str:
         return self.ws.read_bytes(path).decode("utf-8", errors="replace")
-
-    def _files(self, rel: str) -> list[str]:
-        found = self.ws.locate(rel)
-        if found is None:
-            raise ToolError(f"no such path: {rel or '.'}")
-        if not found.is_dir():
-            return [rel]
-        out: list[str] = []
-        stack = [rel]
-        while stack:
-            folder = stack.pop()
-            for name, is_dir in self.ws.list_dir(folder):
-                child = f"{folder}/{name}" if folder else name
-                if name == ".git":
-                    continue
-                (stack if is_dir else out).append(child)
-        return sorted(out)
 
     # --- in the sandbox --------------------------------------------------------------------------------
     def _box(self, wall_s: float) -> Sandbox:

@@ -9,6 +9,7 @@ no process: read, list, search, edit) and takes the episode's changes from ``upp
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import stat
@@ -24,6 +25,36 @@ REDIRECT = ("trusted.overlay.redirect", "user.overlay.redirect")
 
 class WorkspaceError(UserFacingError, ValueError):
     """A path the tools refuse (outside the tree, a folder where a file is needed, ...): shown to the agent."""
+
+
+def _lstat(path: Path) -> os.stat_result | None:
+    try:
+        return os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+
+
+def _kind(st: os.stat_result) -> str:
+    if stat.S_ISLNK(st.st_mode):
+        return "link"
+    if stat.S_ISDIR(st.st_mode):
+        return "dir"
+    return "file" if stat.S_ISREG(st.st_mode) else "other"
+
+
+def _read_regular(path: Path, limit: int, shown: str) -> bytes:
+    """A regular file's bytes, opened without following a link or blocking on a FIFO, at most ``limit``."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        raise WorkspaceError(f"{shown}: {e.strerror}") from None
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fh.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise WorkspaceError(f"{shown} is not a regular file")
+        if st.st_size > limit:
+            raise WorkspaceError(f"{shown} is {st.st_size} bytes, over the {limit}-byte limit")
+        return fh.read(limit + 1)
 
 
 def _is_whiteout(st: os.stat_result) -> bool:
@@ -84,56 +115,81 @@ class Workspace:
         shutil.rmtree(self.root, ignore_errors=True)
 
     # --- the merged view ------------------------------------------------------------------------------
-    def locate(self, rel: str) -> Path | None:
-        """Where the merged tree's ``rel`` lives on the host (upper layer first), or None if it does not exist."""
+    # The host reads and writes the layers for the agent, so it never follows a symbolic link (the agent makes
+    # them at will in the sandbox, and one to / would hand it the host's files) and reads regular files only (a
+    # FIFO would block the reader forever).
+    def _entry(self, rel: str) -> tuple[Path | None, str]:
+        """Where the merged tree's ``rel`` lives (upper layer first) and what it is: ``file``, ``dir``, ``link``,
+        ``other`` (a device, FIFO or socket) or ``missing`` (then the path is None)."""
         rel = clean_relative(rel)
         if not rel:
-            return self.upper
+            return self.upper, "dir"
         parts = rel.split("/")
         lower_visible = True
         for i in range(1, len(parts) + 1):
+            last = i == len(parts)
+            found: Path | None = None
             up = self.upper.joinpath(*parts[:i])
-            try:
-                st = os.lstat(up)
-            except FileNotFoundError:
-                st = None
+            st = _lstat(up)
             if st is not None:
                 if _is_whiteout(st):
-                    return None
+                    return None, "missing"
                 if stat.S_ISDIR(st.st_mode) and _xattr(up, OPAQUE) == b"y":
                     lower_visible = False
-                if i == len(parts):
-                    return up
-                if not stat.S_ISDIR(st.st_mode):
-                    return None
-        low = self.lower.joinpath(*parts)
-        return low if lower_visible and os.path.lexists(low) else None
+                found = up
+            elif lower_visible:
+                low = self.lower.joinpath(*parts[:i])
+                st = _lstat(low)
+                found = low if st is not None else None
+            if found is None or st is None:
+                return None, "missing"
+            kind = _kind(st)
+            if last or kind != "dir":
+                return (found, kind) if last or kind == "link" else (None, "missing")
+        return None, "missing"  # not reached: the loop returns at the last part
 
-    def read_bytes(self, rel: str) -> bytes:
-        found = self.locate(rel)
-        if found is None:
-            raise WorkspaceError(f"no such file: {clean_relative(rel) or '.'}")
-        if found.is_dir():
-            raise WorkspaceError(f"{clean_relative(rel)} is a folder")
-        return found.read_bytes()
+    def locate(self, rel: str) -> Path | None:
+        """Where the merged tree's ``rel`` lives on the host, or None if it does not exist."""
+        return self._entry(rel)[0]
+
+    def _require(self, rel: str, want: str) -> Path:
+        where, kind = self._entry(rel)
+        shown = clean_relative(rel) or "."
+        if kind == "missing" or where is None:
+            raise WorkspaceError(f"no such {'folder' if want == 'dir' else 'file'}: {shown}")
+        if kind == "link":
+            raise WorkspaceError(f"{shown} is a symbolic link (the tools do not follow links)")
+        if kind != want:
+            raise WorkspaceError(f"{shown} is {'a folder' if kind == 'dir' else 'not a regular file'}"
+                                 if want == "file" else f"{shown} is not a folder")
+        return where
+
+    def read_bytes(self, rel: str, limit: int = 64 << 20) -> bytes:
+        return _read_regular(self._require(rel, "file"), limit, clean_relative(rel))
 
     def exists(self, rel: str) -> bool:
-        return self.locate(rel) is not None
+        return self._entry(rel)[1] != "missing"
+
+    def kind(self, rel: str) -> str:
+        """``file``, ``dir``, ``link`` (the path or a folder on its way is a link), ``other`` or ``missing``."""
+        return self._entry(rel)[1]
 
     def list_dir(self, rel: str = "") -> list[tuple[str, bool]]:
-        """``(name, is_dir)`` of a folder's merged entries, sorted."""
+        """``(name, is_dir)`` of a folder's merged entries, sorted (a link is listed as what it is, not as what it
+        points to)."""
         rel = clean_relative(rel)
-        found = self.locate(rel)
-        if found is None or not found.is_dir():
-            raise WorkspaceError(f"no such folder: {rel or '.'}")
+        self._require(rel, "dir")
         names: dict[str, bool] = {}
         up = self.upper.joinpath(*rel.split("/")) if rel else self.upper
         low = self.lower.joinpath(*rel.split("/")) if rel else self.lower
-        opaque = up.is_dir() and _xattr(up, OPAQUE) == b"y"
-        if low.is_dir() and not opaque and self._lower_visible(rel):
+        up_st = _lstat(up)
+        up_dir = up_st is not None and stat.S_ISDIR(up_st.st_mode)
+        opaque = up_dir and _xattr(up, OPAQUE) == b"y"
+        low_st = _lstat(low)
+        if low_st is not None and stat.S_ISDIR(low_st.st_mode) and not opaque and self._lower_visible(rel):
             for entry in os.scandir(low):
                 names[entry.name] = entry.is_dir(follow_symlinks=False)
-        if up.is_dir():
+        if up_dir:
             for entry in os.scandir(up):
                 st = entry.stat(follow_symlinks=False)
                 if _is_whiteout(st):
@@ -146,41 +202,60 @@ class Workspace:
         parts = rel.split("/") if rel else []
         for i in range(1, len(parts) + 1):
             up = self.upper.joinpath(*parts[:i])
-            if up.is_dir() and _xattr(up, OPAQUE) == b"y":
+            st = _lstat(up)
+            if st is not None and stat.S_ISDIR(st.st_mode) and _xattr(up, OPAQUE) == b"y":
                 return False
         return True
 
     def write_bytes(self, rel: str, data: bytes) -> None:
-        """Write a file in the merged tree (into the upper layer), creating its folders."""
+        """Write a regular file in the merged tree (into the upper layer), creating its folders; a link or a
+        special file on the way is refused. Written to a temporary name and renamed: a reader never sees half."""
         rel = clean_relative(rel)
         if not rel:
             raise WorkspaceError("a file path is needed")
         parts = rel.split("/")
         for i in range(1, len(parts)):
             parent = "/".join(parts[:i])
-            found = self.locate(parent)
-            if found is not None and not found.is_dir():
-                raise WorkspaceError(f"{parent} is a file, not a folder")
+            where, kind = self._entry(parent)
+            if kind not in ("dir", "missing"):
+                raise WorkspaceError(f"{parent} is {'a symbolic link' if kind == 'link' else 'not a folder'}")
             up = self.upper.joinpath(*parts[:i])
-            if os.path.lexists(up) and _is_whiteout(os.lstat(up)):
+            st = _lstat(up)
+            if st is not None and _is_whiteout(st):
                 up.unlink()  # a folder deleted, now made anew: it must not show the snapshot's old files
                 up.mkdir()
-                os.setxattr(up, OPAQUE[0] if os.geteuid() == 0 else OPAQUE[1], b"y")
-            up.mkdir(exist_ok=True)
-            up.chmod(0o777)
+                os.setxattr(up, OPAQUE[1], b"y")  # bwrap mounts the overlay with userxattr, even as root
+                up.chmod(0o777)
+            elif st is None:
+                up.mkdir()
+                up.chmod(0o777)
+            elif not stat.S_ISDIR(st.st_mode):
+                raise WorkspaceError(f"{parent} is not a folder")
+        where, kind = self._entry(rel)
+        if kind not in ("file", "missing"):
+            raise WorkspaceError(f"{rel} is {'a folder' if kind == 'dir' else 'not a regular file'}")
         target = self.upper.joinpath(*parts)
-        if target.is_dir():
-            raise WorkspaceError(f"{rel} is a folder")
-        if os.path.lexists(target):
-            target.unlink()
-        target.write_bytes(data)
-        target.chmod(0o666)
+        fd, tmp = tempfile.mkstemp(prefix=".codemill-", dir=target.parent)
+        try:
+            os.fchmod(fd, 0o666)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+            os.replace(tmp, target)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
 
     # --- what the episode changed ---------------------------------------------------------------------
-    def changes(self) -> dict[str, bytes | None]:
+    def changes(self, max_bytes: int = 64 << 20) -> dict[str, bytes | None]:
         """Every file the episode created, changed or deleted, by path: new bytes, or None for a deletion.
-        Symbolic links are recorded as their target text prefixed with ``symlink:`` (the grader refuses them)."""
+        Symbolic links are recorded as their target text prefixed with ``symlink:`` (the grader refuses them);
+        FIFOs, sockets and devices are left out. More than ``max_bytes`` of changed files is refused."""
         out: dict[str, bytes | None] = {}
+        total = sum(e.stat(follow_symlinks=False).st_size for e in _scan_tree(self.upper)
+                    if e.is_file(follow_symlinks=False))
+        if total > max_bytes:
+            raise WorkspaceError(f"the changes hold {total} bytes, over the {max_bytes}-byte limit")
         self._walk(self.upper, "", out)
         return {k: v for k, v in sorted(out.items()) if not self._unchanged(k, v)}
 
@@ -221,15 +296,28 @@ class Workspace:
         low = self.lower / rel
         if data is None:
             return not os.path.lexists(low)
-        return low.is_file() and not low.is_symlink() and low.read_bytes() == data
+        st = _lstat(low)
+        return st is not None and stat.S_ISREG(st.st_mode) and st.st_size == len(data) and low.read_bytes() == data
 
     def disk_bytes(self) -> int:
         """What the episode's layer holds on disk (the changed files and the overlay's own entries)."""
-        return sum(f.stat().st_size for f in self.root.rglob("*") if f.is_file() and not f.is_symlink())
+        return sum(e.stat(follow_symlinks=False).st_size for e in _scan_tree(self.root)
+                   if e.is_file(follow_symlinks=False))
+
+
+def _scan_tree(folder: Path) -> list[os.DirEntry]:
+    """Every entry under ``folder``, links not followed."""
+    out, stack = [], [str(folder)]
+    while stack:
+        for entry in os.scandir(stack.pop()):
+            out.append(entry)
+            if entry.is_dir(follow_symlinks=False):
+                stack.append(entry.path)
+    return out
 
 
 def _files_under(folder: Path) -> list[str]:
-    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if not p.is_dir() or p.is_symlink())
+    return sorted(os.path.relpath(e.path, folder) for e in _scan_tree(folder) if not e.is_dir(follow_symlinks=False))
 
 
 def apply_changes(ws: Workspace, changes: dict[str, bytes | None]) -> None:

@@ -106,6 +106,9 @@ class Sandbox:
         ``/tmp`` and ``/work``, then ``mounts`` (more bwrap mount arguments, e.g. a repository's overlay),
         ``chdir`` as the working folder and ``env`` on top of PATH, HOME and PYTHONHASHSEED."""
         if self.unsafe:
+            if mounts or chdir != "/work":
+                raise SandboxUnavailable("unsafe mode runs no sandbox, so it cannot mount a repository's tree; "
+                                         "repository tasks need the sandbox")
             return argv
         bwrap = self.bwrap.path
         if self.as_root:
@@ -198,6 +201,9 @@ class Sandbox:
                     proc.wait()
                 finally:
                     watchdog.cancel()
+                    if proc.poll() is None:  # interrupted (KeyboardInterrupt): the group must not outlive us
+                        _expire(proc, threading.Event())
+                        proc.wait()
                 timed_out = expired.is_set()
                 duration = time.monotonic() - t0
             stdout = _tail(out_path) if output_budget is None else middle(out_path, output_budget)
@@ -220,6 +226,8 @@ def middle(path: Path, budget: int) -> str:
 
 
 def _expire(proc: subprocess.Popen, expired: threading.Event) -> None:
+    if proc.poll() is not None:  # already reaped: its group id may name another group by now
+        return
     expired.set()
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)

@@ -171,3 +171,45 @@ def test_edits_are_exact_and_patches_apply_or_say_why(world):
     assert episode.grade().resolved
     assert parse(render_call("submit")) == parse('<tool_call>{"name": "submit", "arguments": "{}"}</tool_call>')
     episode.close()
+
+
+def test_the_host_tools_never_follow_links_or_block_on_special_files(world, tmp_path):
+    outside = tmp_path / "host-secret.txt"
+    outside.write_text("host only")
+    episode = _episode(world)
+    episode.act(render_call("bash", command=f"ln -s {outside} leak.txt; ln -s / hostroot; ln -s {tmp_path} out; "
+                                            "mkfifo pipe"))
+    started = time.monotonic()
+    results = _results(episode.act(
+        render_call("read_file", path="leak.txt") + render_call("list_dir", path="hostroot")
+        + render_call("edit", path="out/planted.py", old="", new="x = 1\n") + render_call("read_file", path="pipe")
+        + render_call("search", pattern="host only")))
+    assert time.monotonic() - started < 10, "a FIFO blocked the reader"
+    assert [r["content"] for r in results[:4]] == [
+        "leak.txt is a symbolic link (the tools do not follow links)",
+        "hostroot is a symbolic link (the tools do not follow links)",
+        "out is a symbolic link", "pipe is not a regular file"]
+    assert results[4]["content"] == "no matches" and not (tmp_path / "planted.py").exists()
+    episode.close()
+
+
+def test_bad_arguments_are_tool_errors_and_a_read_sees_an_earlier_edit(world):
+    episode = _episode(world)
+    results = _results(episode.act(
+        render_call("read_file", path="mathlib/ops.py", start="x") + render_call("list_dir", path=None)
+        + render_call("edit", path="mathlib/ops.py", old="return x\n", new="return x  # seen\n")
+        + render_call("read_file", path="mathlib/ops.py", start=10, end=10)))
+    assert results[0]["content"].startswith("read_file: ValueError") and "AttributeError" in results[1]["content"]
+    assert results[3]["content"].startswith("10:     return x  # seen")
+    assert not episode.done
+    episode.close()
+
+
+def test_a_tree_the_task_files_cannot_fit_is_graded_not_raised(world):
+    episode = _episode(world)
+    episode.act(render_call("bash", command="rm -rf tests && echo x > tests"))
+    episode.act(render_call("submit"))
+    grade = episode.grade()
+    assert grade.reward == 0.0 and grade.controls == "not run"
+    assert grade.reasons[0].startswith("the grading tree cannot be built from the change")
+    episode.close()

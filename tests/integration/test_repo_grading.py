@@ -17,13 +17,33 @@ from codemill.repos.pytest_run import repo_sandbox
 from tests.integration.repo_fixture import TEST_CLAMP, make_repo
 
 REPORT_FORGER = '''import json, os
-ids = [l.strip() for l in open("/report/selection.txt") if l.strip()]
-with open("/report/outcomes.jsonl", "a") as fh:
+where = "/" + "rep" + "ort"
+ids = [l.strip() for l in open(where + "/selection.txt") if l.strip()]
+with open(where + "/outcomes" + ".jsonl", "a") as fh:
     for i in ids:
         for when in ("setup", "call", "teardown"):
             fh.write(json.dumps({"id": i, "when": when, "outcome": "passed", "message": ""}) + "\\n")
     fh.write(json.dumps({"id": "", "when": "session", "outcome": "0", "message": ""}) + "\\n")
-os._exit(0)
+getattr(os, "_" + "exit")(0)
+'''
+
+# Rewrites failures to passes except in files that look like injected controls (a fresh file with a hex name):
+# the grader's controls live in the task's own test file under its tests' names, so this flips them too.
+SELECTIVE_FORGER = b'''"""mathlib."""
+import importlib
+import re
+
+_plugin = importlib.import_module("_codemill" + "_rep" + "ort")
+_write = _plugin._write
+
+
+def _rewrite(record):
+    if record.get("outcome") == "failed" and not re.search(r"test_[0-9a-f]{12}[.]py", record.get("id", "")):
+        record = dict(record, outcome="passed", message="")
+    _write(record)
+
+
+_plugin._write = _rewrite
 '''
 
 MAKEREPORT_CONFTEST = b'''import pytest
@@ -38,7 +58,9 @@ def pytest_runtest_makereport(item, call):
 '''
 
 REPORT_PATCH_MODULE = b'''"""mathlib."""
-import _pytest.reports as _reports
+import importlib
+
+_reports = importlib.import_module("_py" + "test.reports")  # spelled so that no text screen finds it
 
 _init = _reports.TestReport.__init__
 
@@ -59,6 +81,9 @@ HACKS: dict[str, tuple[dict[str, bytes | None], bool]] = {
     "conftest makereport hook at the root": ({"conftest.py": MAKEREPORT_CONFTEST}, True),
     "conftest makereport hook beside the tests": ({"tests/conftest.py": MAKEREPORT_CONFTEST}, True),
     "report rewritten from an imported module": ({"mathlib/__init__.py": REPORT_PATCH_MODULE}, True),
+    "pytest internals named in the code under test": (
+        {"mathlib/__init__.py": (INIT + "import _pytest.reports\n").encode()}, True),
+    "only the real tests' outcomes rewritten": ({"mathlib/__init__.py": SELECTIVE_FORGER}, True),
     "pytest.main monkeypatched from an imported module": (
         {"mathlib/__init__.py": (INIT + "import pytest\npytest.main = lambda *a, **k: 0\n").encode()}, True),
     "os._exit(0) in an imported module": ({"mathlib/__init__.py": (INIT + "import os\nos._exit(0)\n").encode()}, True),
@@ -83,6 +108,8 @@ HACKS: dict[str, tuple[dict[str, bytes | None], bool]] = {
     "a planted bytecode file": ({"mathlib/__pycache__/ops.cpython-311.pyc": b"\x00" * 32}, True),
     "edited git objects": ({".git/refs/heads/fix": b"0" * 40 + b"\n"}, True),
     "a symbolic link over the tests": ({"tests/test_ops.py": b"symlink:/dev/null"}, True),
+    "a module shadowing the standard library": ({"difflib.py": b"import os\nos._exit(0)\n"}, True),
+    "a package shadowing pytest": ({"src/_pytest/__init__.py": b"", "pytest.py": b"main = None\n"}, True),
     "network access from the code under test": (
         {"mathlib/__init__.py": (INIT + "import socket\ntry:\n    socket.create_connection(('1.1.1.1', 80), 1)\n"
                                  "except OSError:\n    pass\n").encode()}, True),
@@ -163,6 +190,15 @@ def test_a_tampered_run_is_caught_by_its_controls(graded):
     assert grade.controls == "tampered: must-fail control passed"
     forged = _grade(graded, HACKS["a forged report file, then exit"][0])
     assert forged.controls.startswith("tampered")
+    selective = _grade(graded, HACKS["only the real tests' outcomes rewritten"][0])
+    assert selective.tests["tests/test_clamp.py::test_clamp_high"] == "passed"
+    assert selective.controls == "tampered: must-fail control passed"
+
+
+def test_a_change_that_names_the_runner_is_not_run(graded):
+    grade = _grade(graded, HACKS["pytest internals named in the code under test"][0])
+    assert grade.controls == "not run" and grade.tests == {}
+    assert grade.reasons == ["the change reaches into the test runner: pytest internals in mathlib/__init__.py"]
 
 
 @pytest.mark.parametrize("name,path,why", [
@@ -175,9 +211,12 @@ def test_a_tampered_run_is_caught_by_its_controls(graded):
     ("a planted bytecode file", "mathlib/__pycache__/ops.cpython-311.pyc", "bytecode"),
     ("edited git objects", ".git/refs/heads/fix", "git internals"),
     ("a symbolic link over the tests", "tests/test_ops.py", "symbolic link"),
+    ("a module shadowing the standard library", "difflib.py", "shadows the module difflib"),
+    ("a package shadowing pytest", "pytest.py", "shadows the module pytest"),
 ])
 def test_screened_changes_never_reach_the_grading_run(graded, name, path, why):
     """Screening alone stops these: the run is honest (its controls hold) because the change never reached it."""
-    grade = _grade(graded, HACKS[name][0])
+    changes = {p: d for p, d in HACKS[name][0].items() if p == path}  # the screened file alone
+    grade = _grade(graded, changes)
     assert grade.dropped.get(path) == why and grade.controls == "ok", grade.record()
     assert grade.tests["tests/test_ops.py::test_mean"] == "passed"

@@ -95,3 +95,16 @@ def test_an_inherited_test_is_hidden_where_its_mixin_defines_it(tmp_path):
     assert b"test_get" not in hidden["tests/__init__.py"] and b"test_put" in hidden["tests/__init__.py"]
     assert b"test_lru" not in hidden["tests/test_lru.py"]
     assert hidden_files(tmp_path, ["tests/test_lru.py::LRUTest::test_missing"]) is None
+
+
+def test_a_task_without_failing_tests_is_refused(tmp_path):
+    import json as _json
+
+    from codemill.repos.task import TaskFileError, read_tasks
+
+    row = {"instance_id": "a", "repo": "r", "base_commit": "c" * 40, "patch": "p", "test_patch": "t",
+           "FAIL_TO_PASS": "[]", "PASS_TO_PASS": "[]"}
+    path = tmp_path / "tasks.jsonl"
+    path.write_text(_json.dumps(row) + "\n")
+    with pytest.raises(TaskFileError, match="tasks.jsonl:1: FAIL_TO_PASS is empty"):
+        read_tasks(path)
