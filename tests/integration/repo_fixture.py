@@ -109,3 +109,15 @@ def make_repo(root: Path) -> tuple[Path, RepoTask]:
     task = RepoTask("mathlib__clamp-1", "mathlib-repo", base, "clamp(50, 0, 10) returns 0 instead of 10.", patch,
                     test_patch, ("tests/test_clamp.py::test_clamp_high",), tuple(p2p), "2026-01-01T00:00:00Z")
     return repo, task
+
+
+def prepared(tmp: Path) -> dict:
+    """The repository, its task, a cache in ``tmp``, the task's snapshot and environment, and a sandbox."""
+    from codemill.repos.cache import RepoCache
+    from codemill.repos.pytest_run import repo_sandbox
+
+    repo, task = make_repo(tmp)
+    cache = RepoCache(tmp / "cache")
+    snapshot = cache.snapshot(repo, task.base_commit)
+    return {"repo": repo, "task": task, "cache": cache, "snapshot": snapshot, "env": cache.env(snapshot),
+            "sandbox": repo_sandbox(120), "scratch": tmp, "tmp": tmp}

@@ -13,25 +13,20 @@ import time
 import pytest
 
 from codemill.repos.agents import do_nothing, hunks, oracle, play
-from codemill.repos.cache import RepoCache
 from codemill.repos.episode import EpisodeLimits, RepoEpisode
-from codemill.repos.pytest_run import repo_sandbox
 from codemill.repos.synthesis import Synthesizer
 from codemill.repos.toolcall import parse, render_call
 from codemill.repos.tools import ToolLimits
-from tests.integration.repo_fixture import make_repo
+from tests.integration.repo_fixture import prepared
 from tests.integration.test_repo_grading import HACKS
 
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("repo-episodes")
-    repo, task = make_repo(tmp)
-    cache = RepoCache(tmp / "cache")
-    snapshot = cache.snapshot(repo, task.base_commit)
-    synthesized = Synthesizer(cache, tmp / "tasks", per_operator=2).synthesize("mathlib", repo).tasks
-    return {"task": task, "snapshot": snapshot, "env": cache.env(snapshot), "cache": cache, "tmp": tmp,
-            "sandbox": repo_sandbox(120), "synthesized": synthesized}
+    w = prepared(tmp_path_factory.mktemp("repo-episodes"))
+    w["synthesized"] = Synthesizer(w["cache"], w["tmp"] / "tasks", per_operator=2).synthesize(
+        "mathlib", w["repo"]).tasks
+    return w
 
 
 def _episode(w, task=None, snapshot=None, **kw) -> RepoEpisode:

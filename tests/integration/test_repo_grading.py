@@ -11,10 +11,8 @@ import json
 import pytest
 
 from codemill.repos import git
-from codemill.repos.cache import RepoCache
 from codemill.repos.grading import grade_changes, grade_patch
-from codemill.repos.pytest_run import repo_sandbox
-from tests.integration.repo_fixture import TEST_CLAMP, make_repo
+from tests.integration.repo_fixture import TEST_CLAMP, prepared
 
 REPORT_FORGER = '''import json, os
 where = "/" + "rep" + "ort"
@@ -119,12 +117,7 @@ HACKS: dict[str, tuple[dict[str, bytes | None], bool]] = {
 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("repo-grading")
-    repo, task = make_repo(tmp)
-    cache = RepoCache(tmp / "cache")
-    snapshot = cache.snapshot(repo, task.base_commit)
-    return {"repo": repo, "task": task, "snapshot": snapshot, "env": cache.env(snapshot),
-            "sandbox": repo_sandbox(120), "scratch": tmp}
+    return prepared(tmp_path_factory.mktemp("repo-grading"))
 
 
 def _grade(g, changes):
