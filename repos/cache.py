@@ -30,6 +30,7 @@ from codemill.repos.workspace import MOUNT_POINT
 
 TEST_REQUIREMENTS = ("pytest",)
 PLUGIN = "_codemill_report"  # report_plugin.py, as the environments hold it
+ENV_LAYOUT = "links-v1"  # what an environment holds and how: a change rebuilds every environment
 SOURCE_ROOTS = ("src", "lib", "")  # folders under the tree whose packages tests import
 
 
@@ -85,8 +86,11 @@ class RepoCache:
     def _env(self, snapshot: Path, requirements: Sequence[str]) -> Path:
         dists = distribution_closure([*TEST_REQUIREMENTS, *requirements])
         roots = [r for r in SOURCE_ROOTS if (snapshot / r).is_dir()]
-        digest = digest_of({"python": sys.version, "executable": os.path.realpath(sys.executable),
-                            "dists": sorted((d, v) for d, (v, _) in dists.items()), "roots": roots})
+        # The environment links the installed packages where they are: two interpreters' environments with the
+        # same versions (a CI venv and a developer's) must not share one, whose links only one of them can follow.
+        digest = digest_of({"layout": ENV_LAYOUT, "python": sys.version,
+                            "executable": os.path.realpath(sys.executable),
+                            "dists": sorted((d, v, str(path)) for d, (v, path) in dists.items()), "roots": roots})
         final = self.root / "envs" / digest[:16]
         return _built_once(final, lambda tmp: _build_env(tmp, final, dists, roots))
 

@@ -16,9 +16,10 @@ from tests.integration.helpers import small_pipeline_config
 from tests.integration.repo_fixture import make_repo
 
 
-def test_repo_tasks_stage_builds_validated_tasks_with_lineage(prefect_harness, tmp_path):
+def test_repo_tasks_stage_builds_validated_tasks_with_lineage(prefect_harness, tmp_path, monkeypatch):
     import mlflow
 
+    monkeypatch.setenv("CODEMILL_REPO_CACHE", str(tmp_path / "repo-cache"))  # the stage's cache, not the user's
     from codemill.flows.repo_tasks import repo_tasks
     from codemill.repos.cache import RepoCache
 
