@@ -48,7 +48,7 @@ def hunks(patch: str) -> Iterator[tuple[str, str, str]]:
 
 
 def oracle(task: RepoTask) -> Iterator[str]:
-    files = [p for p in patch_paths(task.patch)]
+    files = patch_paths(task.patch)
     yield render_call("list_dir", path=".") + "".join(render_call("read_file", path=p) for p in files)
     yield "".join(render_call("edit", path=p, old=o, new=n) for p, o, n in hunks(task.patch))
     visible = sorted({t.split("::", 1)[0] for t in task.PASS_TO_PASS} - {t.split("::", 1)[0]

@@ -1,11 +1,11 @@
 """One agent episode in a repository: a fresh workspace, tool calls turn by turn, a grade at the end.
 
 ``RepoEpisode.act`` takes a model turn's text, runs its tool calls (``toolcall`` format) and answers with their
-results in call order. Reading calls of one turn run at once; calls that change the tree or run a process take
-the workspace in turn. The episode ends at ``submit``, or at a limit (turns, tool calls, wall clock): its
-``finish`` says which, so training can mask the trajectories cut by a limit. ``grade`` runs the grader
-(``grading``) on the workspace's changes and adds what the episode's calls showed: reading git history, the
-network, a shell that tries to leave the sandbox.
+results in call order. The calls run in order: consecutive reading calls at once, every other call alone, so a
+read after an edit in the same turn sees the edit. The episode ends at ``submit``, or at a limit (turns, tool
+calls, wall clock): its ``finish`` says which, so training can mask the trajectories cut by a limit. ``grade``
+runs the grader (``grading``) on the workspace's changes and adds what the episode's calls showed: reading git
+history, the network, a shell that tries to leave the sandbox.
 """
 
 from __future__ import annotations
