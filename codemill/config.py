@@ -687,7 +687,33 @@ class CodeFeedbackConfig(StageConfig):
     episode_wall_s: float | None = Field(None, gt=0, description="Wall-clock limit of an episode; empty = none.")
 
 
-EnvConfig = Annotated[CodeExecConfig | CodeFeedbackConfig, Field(discriminator="kind")]
+END_OF_TURN = "<|im_end|>"  # ChatML's, as Qwen and Hermes chat templates write it
+
+
+class RepoEnvConfig(StageConfig):
+    """``repo``: an agent fixes a repository task through tools (read, search, edit, run the tests, bash) turn by
+    turn; the reward is the grader's verdict on its changes (codemill.rl.envs.repo). The tasks are the
+    `repo_tasks` artifact (config `repo_tasks`), not the problem set."""
+
+    kind: Literal["repo"] = "repo"
+    max_turns: int = Field(8, ge=1, le=100, description="Policy turns per episode; an episode that used them all "
+                           "without submitting ends on the limit (no loss by default).")
+    max_tool_calls: int = Field(32, ge=1, description="Tool calls per episode (a limit, like max_turns).")
+    max_total_tokens: int | None = Field(None, gt=0, description="Prompt, sampled and tool-output tokens of an "
+                                         "episode; empty = the engine's context. A turn after which the next one "
+                                         "would not fit is graded, ending on the limit.")
+    episode_wall_s: float = Field(600.0, gt=0, description="Wall clock of an episode from its first turn (a limit).")
+    command_s: float = Field(30.0, gt=0, description="Wall clock of one bash or apply_patch call.")
+    tests_s: float = Field(120.0, gt=0, description="Wall clock of one run_tests call, and of the grading run.")
+    output_chars: int = Field(4000, ge=200, description="Characters of one tool result (cut in the middle).")
+    tools_prompt: Literal["full", "brief"] = Field("full", description="full: the tools as JSON schemas (what "
+                                                   "chat templates of tool-calling models render); brief: one line "
+                                                   "per tool, for models with small contexts.")
+    workers: int | None = runtime_only(default=None, ge=1, description="Episodes stepped at once; empty = usable "
+                                       "cores.")
+
+
+EnvConfig = Annotated[CodeExecConfig | CodeFeedbackConfig | RepoEnvConfig, Field(discriminator="kind")]
 
 
 class RFTConfig(FinetuneConfig):
@@ -744,6 +770,15 @@ class RLConfig(StageConfig):
         if not self.algorithm.multi_turn and self.env.max_turns > 1:
             raise ValueError(f"algorithm {self.algorithm.name} needs a single-turn environment; rl.env "
                              f"({self.env.kind}) allows {self.env.max_turns} turns: use grpo")
+        return self
+
+    @model_validator(mode="after")
+    def _turns_end_where_the_env_expects(self) -> RLConfig:
+        """A repository agent's turn ends at the chat format's end of turn; HumanEval's stops would cut a turn in
+        the middle of its tool calls."""
+        if isinstance(self.env, RepoEnvConfig) and END_OF_TURN not in self.rollout.stop:
+            raise ValueError(f"rl.env repo: rl.rollout.stop must hold {END_OF_TURN!r} (where an assistant turn "
+                             f"ends), got {self.rollout.stop}; e.g. stop: [{END_OF_TURN!r}]")
         return self
 
     @model_validator(mode="after")

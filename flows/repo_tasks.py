@@ -17,6 +17,12 @@ from codemill.flows.plan import Step
 from codemill.tasks.repo_tasks import fingerprint_repo_sources_task, plan_repo_tasks, repo_tasks_task
 
 
+def plan_repo_task_steps(config: PipelineConfig) -> list[Step]:
+    """The ``repo_tasks`` step, its sources' commits resolved and files hashed (the plan's inputs)."""
+    plan = plan_repo_tasks(config.repo_tasks, fingerprint_repo_sources_task(config.repo_tasks))
+    return [Step("repo_tasks", "repo_tasks", plan, repo_tasks_task, {"cfg": config.repo_tasks})]
+
+
 def _run_name() -> str:
     return run_name_from(flow_run.flow_name or "repo_tasks", flow_run.parameters)
 
@@ -32,9 +38,7 @@ def repo_tasks(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:  # 
         store, ctx, lineage, parent = open_flow_run(config, flow_run.name or "repo_tasks", flow_run.id,
                                                     flow_run_url())
         try:
-            plan = plan_repo_tasks(config.repo_tasks, fingerprint_repo_sources_task(config.repo_tasks))
-            steps = [Step("repo_tasks", "repo_tasks", plan, repo_tasks_task, {"cfg": config.repo_tasks})]
-            stages = execute(steps, ctx, store)
+            stages = execute(plan_repo_task_steps(config), ctx, store)
         except BaseException:
             lineage.end_run(parent, failed=True)
             raise

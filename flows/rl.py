@@ -27,11 +27,15 @@ from codemill.flows.evaluate import evaluate_resolved, gate_against_champion, la
 from codemill.flows.hooks import config_of, record_failure_on_mlflow, tag_current_flow_run
 from codemill.flows.plan import Step, plan_pipeline
 from codemill.flows.problems import plan_problem_steps
+from codemill.flows.repo_tasks import plan_repo_task_steps
 from codemill.lineage import Registry
+from codemill.rl.envs import task_stage
+from codemill.rl.metrics import COUNTED
 from codemill.store import ArtifactRef, ArtifactStore
 from codemill.tasks.common import RunContext, StageResult
 from codemill.tasks.ingest import fingerprint_sources_task
 from codemill.tasks.problems import fingerprint_problem_sources_task, needs_corpus
+from codemill.tasks.repo_tasks import STAGE as REPO_TASKS
 from codemill.tasks.resolve_model import ResolvedModel, resolve_model, trained_model
 from codemill.tasks.rl import (
     HELDOUT,
@@ -57,6 +61,14 @@ def starting_model(ctx: RunContext, store: ArtifactStore, config: PipelineConfig
         return resolve_model(ctx, champion[T.MODEL_ID])
     steps = plan_pipeline(config, fingerprint_sources_task(config.ingest), store, until="train")
     return trained_model(ctx, execute(steps, ctx, store)["train"])
+
+
+def plan_task_steps(config: PipelineConfig, store: ArtifactStore) -> list[Step]:
+    """The steps that make the tasks ``rl.env`` runs: the problem set, or the repository tasks."""
+    if task_stage(config.rl.env) == REPO_TASKS:
+        return plan_repo_task_steps(config)
+    ingest_sources = fingerprint_sources_task(config.ingest) if needs_corpus(config.problems) else None
+    return plan_problem_steps(config, ingest_sources, fingerprint_problem_sources_task(config.problems), store)
 
 
 def plan_rl_steps(config: PipelineConfig, start: ResolvedModel, problems: ArtifactRef,
@@ -99,21 +111,27 @@ def plan_rl_steps(config: PipelineConfig, start: ResolvedModel, problems: Artifa
 
 
 def iteration_table(stages: dict[str, StageResult], iterations: int) -> list[dict[str, Any]]:
-    """One row per iteration: the rollouts' reward statistics, the update's numbers and where the time went."""
+    """One row per iteration: the rollouts' reward statistics (``pass_rate``: the resolved rate of repository
+    tasks), tool calls and errors by tool and ends by reason where the environment counts them, the update's
+    numbers, and where the time went (``env_s``: stepping the environment, judging included, against
+    ``generation_s``)."""
     rows = []
     for i in range(iterations):
         ro, up = stages[f"rollouts:{i}"].summary, stages[f"update:{i}"].summary
         t = ro.get("timings", {})
         u = up.get("update") or {}
-        row = {"iteration": i, **{k: ro.get(k) for k in ("reward_mean", "reward_std", "pass_rate",
+        row: dict[str, Any] = {"iteration": i, **{k: ro.get(k) for k in ("reward_mean", "reward_std", "pass_rate",
                                                           "zero_variance_groups", "response_tokens_mean",
                                                           "truncated_frac", "turns_mean", "observed_token_frac",
-                                                          "suspicious")},
+                                                          "suspicious", "tokens_per_episode_mean",
+                                                          "limits_hit_frac")},
+               **{k: ro[k] for k in ("tool_calls_mean", "tool_errors_mean") if k in ro},
+               **{f"{key}.{name}": n for key in COUNTED for name, n in sorted((ro.get(key) or {}).items())},
                "signal_groups": None if ro.get("zero_variance_groups") is None
                else 1.0 - float(ro["zero_variance_groups"]),
                "kl": u.get("kl"), "entropy": u.get("entropy"), "clip_frac_low": u.get("clip_frac_low"),
                "clip_frac_high": u.get("clip_frac_high"), "groups_kept": u.get("groups_kept"),
-               "generation_s": t.get("generation_s"), "reward_s": t.get("reward_s"), "rollout_wall_s": t.get("wall_s"),
+               "generation_s": t.get("generation_s"), "env_s": t.get("reward_s"), "rollout_wall_s": t.get("wall_s"),
                "update_s": up.get("update_s"), "weight_sync_s": t.get("weight_sync_s"),
                "tokens_per_s": t.get("tokens_per_s"), "samples_per_s": t.get("samples_per_s")}
         rows.append(row)
@@ -154,11 +172,8 @@ def run_rl(config: PipelineConfig, model: str | None) -> dict[str, Any]:
     verdict = None
     try:
         start = starting_model(ctx, store, config, model)
-        ingest_sources = fingerprint_sources_task(config.ingest) if needs_corpus(config.problems) else None
-        problem_steps = plan_problem_steps(config, ingest_sources, fingerprint_problem_sources_task(config.problems),
-                                           store)
-        stages = execute(problem_steps, ctx, store)
-        problems = stages["problems"].ref
+        stages = execute(plan_task_steps(config, store), ctx, store)
+        problems = stages[task_stage(config.rl.env)].ref
         stages |= execute(plan_rl_steps(config, start, problems, store), ctx, store)
         final_key = f"update:{config.rl.iterations - 1}"
         final = ResolvedModel(ref=stages[final_key].ref, hf_dir=policy_dir(store, stages[final_key].ref),

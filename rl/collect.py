@@ -12,8 +12,8 @@ from typing import Any
 
 from codemill.config import RLConfig, RolloutConfig
 from codemill.models.engines import RolloutParams, engine_info, rollout_engine
-from codemill.problems.problem import ExecProblem
-from codemill.rl.envs import env_for
+from codemill.rl.env import Task
+from codemill.rl.envs import env_for, opened
 from codemill.rl.rollout import collect_rollouts
 from codemill.sandbox import Limits
 from codemill.sandbox.judge_pool import JudgePool
@@ -24,7 +24,7 @@ def rollout_params(r: RolloutConfig) -> RolloutParams:
                          stop=tuple(r.stop))
 
 
-def collect_iteration(cfg: RLConfig, problems: Sequence[ExecProblem], policy_hf: str, seed: int, k: int, *,
+def collect_iteration(cfg: RLConfig, problems: Sequence[Task], policy_hf: str, seed: int, k: int, *,
                       device: str = "cpu", ray_address: str | None = None,
                       say: Callable[[str], None] = lambda msg: None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """k episodes per problem in ``cfg.env`` (rows sorted by group, sample) and the timings (with ``engine``: what
@@ -44,8 +44,8 @@ def collect_iteration(cfg: RLConfig, problems: Sequence[ExecProblem], policy_hf:
         return rows, {**timings.as_dict(), "weight_sync_s": 0.0, "engine": "hf"}
     with rollout_engine(r, policy_hf, device) as (engine, weight_sync_s):
         generators = generation_threads(r, device)
-        with JudgePool(limits, workers=r.workers) as pool, _one_torch_thread_per_batch(device):
-            env = env_for(cfg.env, engine, pool, r.max_new_tokens, reward=r.reward)
+        with JudgePool(limits, workers=r.workers) as pool, _one_torch_thread_per_batch(device), \
+                opened(env_for(cfg.env, engine, pool, r.max_new_tokens, reward=r.reward)) as env:
             rows, timings = collect_rollouts(engine, env, problems, k, params, seed,
                                              batch_problems=r.batch_problems, overlap=r.overlap,
                                              generators=generators, on_batch=lambda i, n: say(f"batch {i}/{n}"))

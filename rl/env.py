@@ -24,14 +24,24 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from codemill.problems.problem import ExecProblem
-
 if TYPE_CHECKING:
     from codemill.models.engines import Completion
     from codemill.sandbox.judge_pool import JudgePool
 
-# Why an episode ended, beyond the engine's own finish reasons of its last turn (stop, eos, length).
-CUT_REASONS = ("max_tokens", "wall_time")
+# Why an episode ended on a limit, beyond the engine's own finish reasons of its last turn (stop, eos, length):
+# the rollout loop's (max_tokens, wall_time) and an environment's own (an agent that used every turn or tool call
+# without finishing). Such an episode's reward is 0 and it gets no loss by default.
+CUT_REASONS = ("max_tokens", "wall_time", "max_turns", "max_tool_calls")
+
+
+class Task(Protocol):
+    """What the rollout loop needs of a task: an id (rewards and groups are keyed by it) and the text it poses."""
+
+    @property
+    def problem_id(self) -> str: ...
+
+    @property
+    def prompt(self) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -61,6 +71,7 @@ class StepInfo:
     error: str = ""
     duration_s: float = 0.0
     rejudged: int = 0
+    stats: dict[str, Any] = field(default_factory=dict)  # the environment's own numbers of the episode so far
 
 
 @dataclass(frozen=True)
@@ -70,6 +81,7 @@ class StepResult:
     done: bool
     info: StepInfo
     observation_text: str = ""  # what the observation tokens decode to, for reading trajectories
+    cut: str = ""  # with done: the limit (one of CUT_REASONS) that ended the episode, when one did
 
 
 @dataclass(frozen=True)
@@ -100,7 +112,7 @@ class Environment(Protocol):
     kind: ClassVar[str]
     limits: EpisodeLimits
 
-    def reset(self, task: ExecProblem, seed: int) -> Reset: ...
+    def reset(self, task: Any, seed: int) -> Reset: ...
 
     def step(self, episodes: Sequence[Episode], actions: Sequence[Completion],
              last: Sequence[bool]) -> list[StepResult]: ...
@@ -112,7 +124,7 @@ class Episode:
     sampling log-prob) or observed (mask 0, log-prob 0.0), where each turn's sampled tokens start, and what the
     environment said. ``state`` is the environment's own."""
 
-    task: ExecProblem
+    task: Task
     group: int
     sample: int
     seed: int
@@ -132,7 +144,7 @@ class Episode:
     sandbox_s: float = 0.0
 
     @classmethod
-    def start(cls, task: ExecProblem, group: int, sample: int, seed: int, reset: Reset,
+    def start(cls, task: Task, group: int, sample: int, seed: int, reset: Reset,
               started: float) -> Episode:
         return cls(task, group, sample, seed, list(reset.observation_ids), copy.deepcopy(reset.state), started)
 
@@ -162,6 +174,9 @@ class Episode:
         self.info = result.info
         self.sandbox_s += result.info.duration_s
         if result.done:
+            if result.cut:
+                self.cut(result.cut)
+                return
             self.done = True
             self.finish_reason = self.last_action.finish_reason if self.last_action else "stop"
             return

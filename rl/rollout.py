@@ -23,12 +23,12 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from codemill import metrics
 from codemill.models.engines import RolloutEngine, RolloutParams, derive_seed
 from codemill.problems.problem import ExecProblem
-from codemill.rl.env import Environment, Episode, StepResult
+from codemill.rl.env import Environment, Episode, StepResult, Task
 from codemill.rl.trajectory import trajectory_row
 from codemill.sandbox.judge_pool import JudgePool
 from codemill.sandbox.rewards import Reward, score
@@ -94,9 +94,12 @@ def batches_of(groups: Sequence[int], batch_problems: int) -> list[list[int]]:
     return list(out.values())
 
 
-def problem_map(problems: Iterable[ExecProblem]) -> dict[str, ExecProblem]:
+TaskT = TypeVar("TaskT", bound=Task)
+
+
+def problem_map(problems: Iterable[TaskT]) -> dict[str, TaskT]:
     """Problems by id; the same id twice with different content is an error (rewards look problems up by id)."""
-    out: dict[str, ExecProblem] = {}
+    out: dict[str, TaskT] = {}
     for p in problems:
         if p.problem_id in out and out[p.problem_id] != p:
             raise ValueError(f"two different problems share the id {p.problem_id!r}")
@@ -151,7 +154,7 @@ def turn_seed(episode_seed: int, turn: int) -> int:
     return derive_seed("turn", episode_seed, turn)
 
 
-def collect_rollouts(engine: RolloutEngine, env: Environment, problems: Sequence[ExecProblem], k: int,
+def collect_rollouts(engine: RolloutEngine, env: Environment, problems: Sequence[Task], k: int,
                      params: RolloutParams, seed: int, *, batch_problems: int = 8, overlap: bool = True,
                      groups: Sequence[int] | None = None, generators: int = 1,
                      on_batch: Callable[[int, int], None] | None = None) -> tuple[list[dict[str, Any]], RolloutTimings]:

@@ -24,8 +24,8 @@ from typing import Any
 
 from codemill.metrics.push import worker_pusher, worker_target
 from codemill.models.engines import HFEngine, RolloutEngine, RolloutParams
-from codemill.problems.problem import ExecProblem
-from codemill.rl.envs import env_for
+from codemill.rl.env import Task
+from codemill.rl.envs import env_for, opened
 from codemill.rl.rollout import RolloutTimings, batches_of, collect_rollouts
 from codemill.sandbox.judge_pool import JudgePool
 from codemill.sandbox.limits import Limits
@@ -60,14 +60,14 @@ class RolloutWorker:
             self.engine.load_weights(hf_dir)
             self.policy_dir = hf_dir
 
-    def collect(self, policy_dir: str, problems: list[ExecProblem], groups: list[int], k: int,
+    def collect(self, policy_dir: str, problems: list[Task], groups: list[int], k: int,
                 params: RolloutParams, seed: int, batch_problems: int, overlap: bool, env_config: Any,
                 reward: str, reward_retries: int) -> tuple[list[dict[str, Any]], RolloutTimings]:
         self.load_weights(policy_dir)
-        env = env_for(env_config, self.engine, self.pool, params.max_new_tokens, reward=reward,
-                      reward_retries=reward_retries)
-        out = collect_rollouts(self.engine, env, problems, k, params, seed, batch_problems=batch_problems,
-                               overlap=overlap, groups=groups)
+        with opened(env_for(env_config, self.engine, self.pool, params.max_new_tokens, reward=reward,
+                            reward_retries=reward_retries)) as env:
+            out = collect_rollouts(self.engine, env, problems, k, params, seed, batch_problems=batch_problems,
+                                   overlap=overlap, groups=groups)
         if self.pusher is not None:
             self.pusher.push()  # the shard's counts, now rather than at the next interval
         return out
@@ -123,7 +123,7 @@ class RayRollouts:
         self.policy_dir = str(hf_dir)
         self._ray.get([a.load_weights.remote(self.policy_dir) for a in self.actors])
 
-    def collect(self, problems: Sequence[ExecProblem], k: int, params: RolloutParams, seed: int, *,
+    def collect(self, problems: Sequence[Task], k: int, params: RolloutParams, seed: int, *,
                 batch_problems: int = 8, overlap: bool = True, env_config: Any = None, reward: str = "binary",
                 reward_retries: int = 2) -> tuple[list[dict[str, Any]], RolloutTimings]:
         """The rows ``collect_rollouts`` makes in one process, from the workers; timings summed over workers.
@@ -155,7 +155,7 @@ class RayRollouts:
             self._ray.shutdown()
 
 
-def collect_rollouts_ray(ray_address: str, policy_dir: str | Path, problems: Sequence[ExecProblem], k: int,
+def collect_rollouts_ray(ray_address: str, policy_dir: str | Path, problems: Sequence[Task], k: int,
                          params: RolloutParams, limits: Limits | None, seed: int, *, batch_problems: int = 8,
                          overlap: bool = True, workers: int | None = None, judge_workers: int = 1,
                          max_context: int | None = None, device: str = "cpu", env_config: Any = None,

@@ -8,11 +8,14 @@ sampled token, ``turn_finish_reasons`` how each turn's sampling ended, ``turn_re
 (``reward`` is their sum, or 0 for an episode cut on a limit). A single-turn episode is one sampled turn with
 every mask 1: the table of a one-step environment is the single-turn table with ``turns`` 1. ``completion`` is
 the text of the last turn (the solution that was graded); ``outcome``, ``partial`` and ``suspicious`` are the
-last step's. ``duration_s`` is the episode's sandbox time.
+last step's. ``duration_s`` is the episode's sandbox time. ``env_stats`` is a JSON object of the environment's
+own numbers of the episode (a repository episode's tool calls by tool, tool errors, why it ended; ``{}`` when an
+environment keeps none).
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from collections.abc import Sequence
@@ -49,6 +52,7 @@ ROLLOUT_SCHEMA = pa.schema([
     ("outcome", pa.string()),
     ("duration_s", pa.float64()),
     ("suspicious", pa.string()),
+    ("env_stats", pa.string()),
 ])
 
 
@@ -63,7 +67,8 @@ def trajectory_row(ep: Episode) -> dict[str, Any]:
             "turn_finish_reasons": ep.turn_finish_reasons, "finish_reason": ep.finish_reason, "reward": ep.reward,
             "turn_rewards": ep.turn_rewards,
             "partial": info.partial if info else 0.0, "outcome": info.outcome if info else ep.finish_reason,
-            "duration_s": ep.sandbox_s, "suspicious": (info.suspicious if info else None) or ""}
+            "duration_s": ep.sandbox_s, "suspicious": (info.suspicious if info else None) or "",
+            "env_stats": json.dumps(info.stats if info else {}, sort_keys=True)}
 
 
 class RolloutsSchemaError(ValueError):
@@ -72,7 +77,7 @@ class RolloutsSchemaError(ValueError):
 
 def rollouts_table(rows: Sequence[dict[str, Any]]) -> pa.Table:
     """Rows as a table with the exact schema (columns in order, types as the contract names them)."""
-    table = pa.Table.from_pylist(list(rows), schema=ROLLOUT_SCHEMA)
+    table = pa.Table.from_pylist([{"env_stats": "{}", **r} for r in rows], schema=ROLLOUT_SCHEMA)
     problems = _check(table)
     if problems:
         raise RolloutsSchemaError("rollouts rows: " + "; ".join(problems))

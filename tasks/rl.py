@@ -28,7 +28,7 @@ from codemill.tasks.train import on_cuda, run_torchrun, torchrun_env, trainer_li
 
 ROLLOUTS = "rollouts"
 POLICY = "policy"
-ROLLOUTS_CODE_VERSION = "rollouts-v3"
+ROLLOUTS_CODE_VERSION = "rollouts-v4"
 POLICY_CODE_VERSION = "policy-v4"
 ROLLOUTS_FILE = "rollouts.parquet"
 HELDOUT = "val"
@@ -88,10 +88,11 @@ def policy_dir(store: ArtifactStore, ref: ArtifactRef) -> str:
     return str(store.local_path(ref) / "hf")
 
 
-def _problems(store: ArtifactStore, ref: ArtifactRef, split: str):
-    from codemill.problems.sets import read_problem_set
+def _problems(store: ArtifactStore, ref: ArtifactRef, split: str, cfg: RLConfig) -> list[Any]:
+    """The ``split`` tasks of ``ref``: problems, or the artifact of the stage ``cfg.env``'s tasks come from."""
+    from codemill.rl.envs import read_tasks
 
-    return read_problem_set(store.local_path(ref) / "problems.parquet", split)
+    return read_tasks(cfg.env, store.local_path(ref), split)
 
 
 def _device(cfg: RLConfig) -> str:
@@ -113,7 +114,7 @@ def rollouts_task(plan: StagePlan, ctx: RunContext, cfg: RLConfig, policy_hf: st
     split = plan.config["split"]
 
     def produce(w: ArtifactWriter, run_id: str) -> Manifest:
-        pool = _problems(store, problems_ref, "train" if split != HELDOUT else HELDOUT)
+        pool = _problems(store, problems_ref, "train" if split != HELDOUT else HELDOUT, cfg)
         if not pool:
             raise ValueError(f"{problems_ref.uri}: the problem set has no {split} problems")
         if split == HELDOUT:
@@ -149,9 +150,9 @@ def report_iteration(split: str, iteration: int | None, stats: dict[str, Any]) -
 
 
 def _rollouts_summary(m: Manifest) -> dict[str, Any]:
-    from codemill.rl.metrics import SUMMARY_KEYS
+    from codemill.rl.metrics import COUNTED, SUMMARY_KEYS
 
-    return {k: m.stats[k] for k in SUMMARY_KEYS if k in m.stats} | {"timings": m.stats["timings"]}
+    return {k: m.stats[k] for k in (*SUMMARY_KEYS, *COUNTED) if k in m.stats} | {"timings": m.stats["timings"]}
 
 
 def _record_rollouts(plan: StagePlan):
@@ -232,7 +233,9 @@ def _warm_start_job(plan: StagePlan, ctx: RunContext, cfg: RLConfig, train: Trai
     from codemill.rl.data import seeded_share, solution_documents
 
     data = plan.input("problems")
-    solved = [p for p in _problems(ctx.store(), data, "train") if p.reference_solution]
+    solved = [p for p in _problems(ctx.store(), data, "train", cfg) if getattr(p, "reference_solution", None)]
+    if not solved:
+        raise ValueError(f"{data.uri}: no train task has a reference solution to warm-start on")
     shown = set(seeded_share([p.problem_id for p in solved], plan.config["share"], cfg.seed))
     docs = solution_documents([(p.prompt, p.reference_solution or "") for p in solved if p.problem_id in shown],
                               AutoTokenizer.from_pretrained(policy_hf))

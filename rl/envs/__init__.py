@@ -1,17 +1,23 @@
 """Environment kinds, one module each, registered here by ``kind``.
 
 ``ENVIRONMENTS`` maps a kind to its class; ``codemill.config.EnvConfig`` is the discriminated union of their
-configs on ``kind``, so the YAML and the Prefect form show the chosen environment's fields only.
+configs on ``kind``, so the YAML and the Prefect form show the chosen environment's fields only. An environment's
+tasks come from the stage its class names in ``task_stage`` (``problems`` when it names none) and are read by its
+``read_tasks(folder, split)``; one that holds resources (workspaces) releases them in ``close()``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from codemill.config import CodeExecConfig
-from codemill.rl.env import EnvContext, Environment
+from codemill.rl.env import EnvContext, Environment, Task
 from codemill.rl.envs.code_exec import CodeExecEnv
 from codemill.rl.envs.code_feedback import CodeFeedbackEnv
+from codemill.rl.envs.repo import RepoEnv
 
 if TYPE_CHECKING:
     from codemill.models.engines import RolloutEngine
@@ -20,17 +26,50 @@ if TYPE_CHECKING:
 ENVIRONMENTS: dict[str, Any] = {
     CodeExecEnv.kind: CodeExecEnv,
     CodeFeedbackEnv.kind: CodeFeedbackEnv,
+    RepoEnv.kind: RepoEnv,
 }
+PROBLEMS_STAGE = "problems"
+PROBLEMS_FILE = "problems.parquet"
+
+
+def _class(config: Any) -> Any:
+    kind = getattr(config, "kind", CodeExecEnv.kind)
+    try:
+        return ENVIRONMENTS[kind]
+    except KeyError:
+        raise ValueError(f"unknown environment kind {kind!r} (known: {sorted(ENVIRONMENTS)})") from None
+
+
+def task_stage(config: Any) -> str:
+    """The stage whose artifact holds the tasks of the environment ``config`` names (None: ``code_exec``)."""
+    return str(getattr(_class(config), "task_stage", PROBLEMS_STAGE))
+
+
+def read_tasks(config: Any, folder: Path, split: str) -> list[Task]:
+    """The ``split`` tasks of ``folder`` (an artifact of ``task_stage(config)``) as the environment runs them."""
+    reader = getattr(_class(config), "read_tasks", None)
+    if reader is not None:
+        return list(reader(folder, split))
+    from codemill.problems.sets import read_problem_set
+
+    return list(read_problem_set(folder / PROBLEMS_FILE, split))
 
 
 def build_env(config: Any, ctx: EnvContext) -> Environment:
     """The environment ``config.kind`` names."""
-    try:
-        cls = ENVIRONMENTS[config.kind]
-    except KeyError:
-        raise ValueError(f"unknown environment kind {config.kind!r} (known: {sorted(ENVIRONMENTS)})") from None
-    env: Environment = cls(config, ctx)
+    env: Environment = _class(config)(config, ctx)
     return env
+
+
+@contextmanager
+def opened(env: Environment) -> Iterator[Environment]:
+    """``env``, closed on the way out when it holds resources."""
+    try:
+        yield env
+    finally:
+        close = getattr(env, "close", None)
+        if close is not None:
+            close()
 
 
 def env_for(config: Any, engine: RolloutEngine, pool: JudgePool, max_new_tokens: int, *, reward: str = "binary",

@@ -35,6 +35,13 @@ def verdicts(ctx: EnvContext, tasks: Sequence[ExecProblem], texts: Sequence[str]
             for r, n in zip(rewards, rejudged, strict=True)]
 
 
+def problem_of(episode: Episode) -> ExecProblem:
+    """The episode's problem; the code environments run HumanEval-format problems only."""
+    if not isinstance(episode.task, ExecProblem):
+        raise TypeError(f"the code environments run executable problems, got {type(episode.task).__name__}")
+    return episode.task
+
+
 def reward_of(ctx: EnvContext, info: StepInfo) -> float:
     return info.partial if ctx.reward == "partial" else float(info.passed)
 
@@ -51,5 +58,5 @@ class CodeExecEnv:
 
     def step(self, episodes: Sequence[Episode], actions: Sequence[Completion],
              last: Sequence[bool]) -> list[StepResult]:
-        infos = verdicts(self.ctx, [e.task for e in episodes], [a.text for a in actions])
+        infos = verdicts(self.ctx, [problem_of(e) for e in episodes], [a.text for a in actions])
         return [StepResult([], reward_of(self.ctx, i), True, i) for i in infos]

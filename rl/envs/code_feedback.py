@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, ClassVar
 from codemill.config import CodeFeedbackConfig
 from codemill.problems.problem import ExecProblem
 from codemill.rl.env import EnvContext, Episode, EpisodeLimits, Reset, StepInfo, StepResult
-from codemill.rl.envs.code_exec import prompt_observation, reward_of, verdicts
+from codemill.rl.envs.code_exec import problem_of, prompt_observation, reward_of, verdicts
 
 if TYPE_CHECKING:
     from codemill.models.engines import Completion
@@ -92,7 +92,7 @@ class CodeFeedbackEnv:
         checks: list[tuple[int, ExecProblem, str]] = []
         for n, (e, a, final) in enumerate(zip(episodes, actions, last, strict=True)):
             if not final:
-                checks += [(n, case_check(e.task, i, c), a.text) for i, c in enumerate(e.state["visible"])]
+                checks += [(n, case_check(problem_of(e), i, c), a.text) for i, c in enumerate(e.state["visible"])]
         visible = verdicts(self.ctx, [p for _, p, _ in checks], [t for _, _, t in checks])
         shown: dict[int, list[StepInfo]] = {}
         for (n, _, _), info in zip(checks, visible, strict=True):
@@ -111,7 +111,7 @@ class CodeFeedbackEnv:
             else:
                 feedback[n] = (text, ids)
         # The full tests on the solutions that end their episodes, in a second judging.
-        hidden = dict(zip(ending, verdicts(self.ctx, [episodes[n].task for n in ending],
+        hidden = dict(zip(ending, verdicts(self.ctx, [problem_of(episodes[n]) for n in ending],
                                            [actions[n].text for n in ending]), strict=True))
         results = []
         for n, e in enumerate(episodes):
