@@ -69,6 +69,9 @@ def resolve(reader: LineageReader, store: ArtifactStore, ident: str) -> tuple[st
 
 
 # --- building the tree --------------------------------------------------------------------------------------
+REPO_TASKS = "repo_tasks"
+
+
 def manifest_of(store: ArtifactStore, digest: str) -> Manifest | None:
     found = [m for m in find_artifacts(store, digest) if m.digest == digest]
     return found[0] if found else None
@@ -103,6 +106,8 @@ def artifact_tree(reader: LineageReader, store: ArtifactStore, digest: str, expe
     seen.add(digest)
     if m.stage == "ingest":
         children = _sources(m, run)
+    elif m.stage == REPO_TASKS:
+        children = _repo_sources(store, m)
     else:
         problem_sources = {s.get("fingerprint"): s for s in m.stats.get("source_fingerprints") or []} \
             if m.stage == "problems" else {}
@@ -113,6 +118,28 @@ def artifact_tree(reader: LineageReader, store: ArtifactStore, digest: str, expe
             children += [node("source", f"synthetic seed={src.get('seed')} count={src.get('count')}", src)
                          for src in m.config.get("sources", []) if src.get("kind") == "synthetic"]
     return node(role or m.stage, title, attrs, children)
+
+
+def _repo_sources(store: ArtifactStore, m: Manifest) -> list[Node]:
+    """A task set's sources down to the commits its tasks start from: each synthesis repository at its resolved
+    commit, each imported file with the repositories and base commits its rows name."""
+    from codemill.repos.task import read_tasks
+
+    tasks_file = store.local_path(store.ref(m.stage, m.name, m.digest)) / "tasks.parquet"
+    imported = sorted({(t.repo, t.base_commit) for t in read_tasks(tasks_file) if t.source == "import"}) \
+        if tasks_file.is_file() else []
+    out = []
+    for name, digest in m.inputs.items():
+        uri = m.input_uris.get(name, "")
+        if name.endswith(".import"):
+            commits = [node("repository", f"{repo}@{commit}", {"repo": repo, "commit": commit})
+                       for repo, commit in imported]
+            out.append(node("source", f"tasks file {uri} (sha256 {digest[:12]})",
+                            {"uri": uri, "fingerprint": digest}, commits))
+        else:
+            repo = name.split(".", 2)[-1]
+            out.append(node("repository", f"{repo}@{digest} ({uri})", {"repo": repo, "commit": digest, "uri": uri}))
+    return out
 
 
 def _problem_source(s: dict[str, Any]) -> Node:
