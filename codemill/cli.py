@@ -509,6 +509,34 @@ def lineage(
 
 
 @app.command()
+def trajectory(
+    rollouts: Annotated[Path, typer.Argument(help="A rollouts.parquet, or the rollouts artifact folder.")],
+    tokenizer: Annotated[Path, typer.Option(help="The sampling policy's HF folder (its tokenizer decodes).")],
+    row: Annotated[list[int] | None, typer.Option(help="Row index (repeatable); default: the first.")] = None,
+    width: Annotated[int, typer.Option(help="Cut each block to this many characters (0: whole).")] = 2000,
+) -> None:
+    """Show episodes of a rollouts table turn by turn: the sampled tokens (mask 1) and the environment's
+    (mask 0), with log-probs, finish reasons and rewards."""
+    from transformers import AutoTokenizer
+
+    from codemill.rl.trajectory import RolloutsSchemaError, read_rollouts, render_row
+
+    try:
+        rows = read_rollouts(rollouts).to_pylist()
+    except (OSError, RolloutsSchemaError) as e:
+        console.print(f"[red]error:[/] {e}")
+        raise typer.Exit(2) from e
+    wanted = row or [0]
+    bad = [i for i in wanted if not 0 <= i < len(rows)]
+    if bad:
+        console.print(f"[red]error:[/] {rollouts}: no row {bad[0]} (it has {len(rows)})")
+        raise typer.Exit(2)
+    tok = AutoTokenizer.from_pretrained(str(tokenizer))
+    for i in wanted:
+        typer.echo(render_row(rows[i], lambda ids: tok.decode(ids, skip_special_tokens=False), width))
+
+
+@app.command()
 def compare(
     model_a: Annotated[str, typer.Argument(help="LoggedModel id (a, the candidate).")],
     model_b: Annotated[str, typer.Argument(help="LoggedModel id (b, the reference).")],

@@ -394,8 +394,53 @@ class LatencySuiteConfig(StageConfig):
                                        "keep machines of one hardware class apart, or change it to measure again.")
 
 
-SuiteName = Literal["bpb", "completion", "humaneval", "humaneval_infilling", "latency"]
-SUITES: tuple[SuiteName, ...] = ("bpb", "completion", "humaneval", "humaneval_infilling", "latency")
+END_OF_TURN = "<|im_end|>"  # ChatML's, as Qwen and Hermes chat templates write it
+
+
+class RepoEnvConfig(StageConfig):
+    """``repo``: an agent fixes a repository task through tools (read, search, edit, run the tests, bash) turn by
+    turn; the reward is the grader's verdict on its changes (codemill.rl.envs.repo). The tasks are the
+    `repo_tasks` artifact (config `repo_tasks`), not the problem set."""
+
+    kind: Literal["repo"] = "repo"
+    max_turns: int = Field(8, ge=1, le=100, description="Policy turns per episode; an episode that used them all "
+                           "without submitting ends on the limit (no loss by default).")
+    max_tool_calls: int = Field(32, ge=1, description="Tool calls per episode (a limit, like max_turns).")
+    max_total_tokens: int | None = Field(None, gt=0, description="Prompt, sampled and tool-output tokens of an "
+                                         "episode; empty = the engine's context. A turn after which the next one "
+                                         "would not fit is graded, ending on the limit.")
+    episode_wall_s: float = Field(600.0, gt=0, description="Wall clock of an episode from its first turn (a limit).")
+    command_s: float = Field(30.0, gt=0, description="Wall clock of one bash or apply_patch call.")
+    tests_s: float = Field(120.0, gt=0, description="Wall clock of one run_tests call, and of the grading run.")
+    output_chars: int = Field(4000, ge=200, description="Characters of one tool result (cut in the middle).")
+    tools_prompt: Literal["full", "brief"] = Field("full", description="full: the tools as JSON schemas (what "
+                                                   "chat templates of tool-calling models render); brief: one line "
+                                                   "per tool, for models with small contexts.")
+    workers: int | None = runtime_only(default=None, ge=1, description="Episodes stepped at once; empty = usable "
+                                       "cores.")
+
+
+class RepoTasksSuiteConfig(StageConfig):
+    """Held-out repository tasks solved by the model as an agent in the ``repo`` environment: the resolved rate,
+    with a CI clustered by repository (codemill.evals.suites.repo_tasks). The tasks are the `repo_tasks`
+    artifact the config `repo_tasks` builds."""
+
+    split: Literal["train", "val"] = Field("val", description="Which tasks: val, the repositories RL never sees.")
+    max_tasks: int | None = Field(None, ge=1, description="The first N tasks (by id); empty = all.")
+    samples: int = Field(1, ge=1, description="Episodes per task.")
+    temperature: float = Field(0.0, ge=0, description="Sampling temperature (0 = greedy).")
+    max_new_tokens: int = Field(512, gt=0, description="Most tokens of one agent turn.")
+    context_len: int = Field(8192, ge=64, description="Most tokens of an episode (prompt, turns, tool output).")
+    batch_size: int = Field(4, ge=1, description="Tasks generated together.")
+    env: RepoEnvConfig = Field(default_factory=RepoEnvConfig, description="The episodes' limits and "
+                               "tools prompt, as in rl.env.")
+
+
+SuiteName = Literal["bpb", "completion", "humaneval", "humaneval_infilling", "latency", "repo_tasks"]
+SUITES: tuple[SuiteName, ...] = ("bpb", "completion", "humaneval", "humaneval_infilling", "latency", "repo_tasks")
+# What an evaluation runs unless told: repo_tasks needs repository tasks (config `repo_tasks`), which the defaults
+# do not have.
+DEFAULT_SUITES: tuple[SuiteName, ...] = ("bpb", "completion", "humaneval", "humaneval_infilling", "latency")
 
 
 class VLLMOptions(StageConfig):
@@ -411,12 +456,13 @@ class VLLMOptions(StageConfig):
 
 
 class EvalConfig(StageConfig):
-    suites: list[SuiteName] = Field(list(SUITES), description="Suites to run.")
+    suites: list[SuiteName] = Field(list(DEFAULT_SUITES), description="Suites to run.")
     bpb: BpbSuiteConfig = Field(default_factory=BpbSuiteConfig)
     completion: CompletionSuiteConfig = Field(default_factory=CompletionSuiteConfig)
     humaneval: HumanEvalSuiteConfig = Field(default_factory=HumanEvalSuiteConfig)
     humaneval_infilling: HumanEvalInfillingSuiteConfig = Field(default_factory=HumanEvalInfillingSuiteConfig)
     latency: LatencySuiteConfig = Field(default_factory=LatencySuiteConfig)
+    repo_tasks: RepoTasksSuiteConfig = Field(default_factory=RepoTasksSuiteConfig)
     bootstrap_samples: int = Field(1000, ge=100, description="Bootstrap resamples for the CIs.")
     confidence: float = Field(0.95, gt=0, lt=1, description="Level of the bootstrap confidence intervals "
                                                             "(0.95 = 95%).")
@@ -687,32 +733,6 @@ class CodeFeedbackConfig(StageConfig):
     episode_wall_s: float | None = Field(None, gt=0, description="Wall-clock limit of an episode; empty = none.")
 
 
-END_OF_TURN = "<|im_end|>"  # ChatML's, as Qwen and Hermes chat templates write it
-
-
-class RepoEnvConfig(StageConfig):
-    """``repo``: an agent fixes a repository task through tools (read, search, edit, run the tests, bash) turn by
-    turn; the reward is the grader's verdict on its changes (codemill.rl.envs.repo). The tasks are the
-    `repo_tasks` artifact (config `repo_tasks`), not the problem set."""
-
-    kind: Literal["repo"] = "repo"
-    max_turns: int = Field(8, ge=1, le=100, description="Policy turns per episode; an episode that used them all "
-                           "without submitting ends on the limit (no loss by default).")
-    max_tool_calls: int = Field(32, ge=1, description="Tool calls per episode (a limit, like max_turns).")
-    max_total_tokens: int | None = Field(None, gt=0, description="Prompt, sampled and tool-output tokens of an "
-                                         "episode; empty = the engine's context. A turn after which the next one "
-                                         "would not fit is graded, ending on the limit.")
-    episode_wall_s: float = Field(600.0, gt=0, description="Wall clock of an episode from its first turn (a limit).")
-    command_s: float = Field(30.0, gt=0, description="Wall clock of one bash or apply_patch call.")
-    tests_s: float = Field(120.0, gt=0, description="Wall clock of one run_tests call, and of the grading run.")
-    output_chars: int = Field(4000, ge=200, description="Characters of one tool result (cut in the middle).")
-    tools_prompt: Literal["full", "brief"] = Field("full", description="full: the tools as JSON schemas (what "
-                                                   "chat templates of tool-calling models render); brief: one line "
-                                                   "per tool, for models with small contexts.")
-    workers: int | None = runtime_only(default=None, ge=1, description="Episodes stepped at once; empty = usable "
-                                       "cores.")
-
-
 EnvConfig = Annotated[CodeExecConfig | CodeFeedbackConfig | RepoEnvConfig, Field(discriminator="kind")]
 
 
@@ -779,6 +799,9 @@ class RLConfig(StageConfig):
         if isinstance(self.env, RepoEnvConfig) and END_OF_TURN not in self.rollout.stop:
             raise ValueError(f"rl.env repo: rl.rollout.stop must hold {END_OF_TURN!r} (where an assistant turn "
                              f"ends), got {self.rollout.stop}; e.g. stop: [{END_OF_TURN!r}]")
+        if isinstance(self.env, RepoEnvConfig) and self.warm_start.max_steps > 0:
+            raise ValueError("rl.env repo: the warm start fine-tunes on reference solutions, which repository tasks "
+                             "do not have; set rl.warm_start.max_steps: 0")
         return self
 
     @model_validator(mode="after")

@@ -21,7 +21,7 @@ from codemill.flows.artifacts import mlflow_ui_links
 from codemill.flows.common import execute, flow_run_metrics, flow_run_url, open_flow_run, run_stage_task
 from codemill.flows.hooks import record_failure_on_mlflow, run_name_from, tag_current_flow_run
 from codemill.flows.nightly import champion_start
-from codemill.flows.plan import plan_pipeline
+from codemill.flows.plan import DATA_FOR_EVALS, plan_pipeline
 from codemill.flows.seeds import train_and_evaluate
 from codemill.tasks.calibrate import calibrate_task, plan_calibration
 from codemill.tasks.common import StageResult
@@ -79,7 +79,7 @@ def _calibrate(config: PipelineConfig, seeds: int, from_champion: bool) -> dict[
         chosen = choose_seeds(config.train.seed, seeds, existing)
         logger.info("calibrating %s on seeds %s (already trained: %s)", key[:12], chosen, existing)
         # The data stages and HumanEval's augmented tests are the same for every seed: built once, here.
-        stages = execute([s for s in base if s.phase in ("ingest", "tokenize") or s.plan.stage == "augment"],
+        stages = execute([s for s in base if s.phase in ("ingest", "tokenize") or s.plan.stage in DATA_FOR_EVALS],
                          ctx, store)
         runs = train_and_evaluate(config, sources, chosen, ctx, store)
         stages |= runs.stages()

@@ -72,6 +72,9 @@ def plan_pipeline(config: PipelineConfig, sources: list[dict], store: ArtifactSt
     return [s for s in steps if PHASES.index(s.phase) <= PHASES.index(until)]
 
 
+DATA_FOR_EVALS = ("augment", "repo_tasks")  # what evaluation steps read, planned beside them
+
+
 def extra_seeds(config: PipelineConfig) -> list[int]:
     """The seeds ``train.seeds`` adds after ``train.seed``: seed + 1, seed + 2, ..."""
     return [config.train.seed + i for i in range(1, config.train.seeds)]
@@ -92,7 +95,7 @@ def plan_seed(config: PipelineConfig, sources: list[dict], store: ArtifactStore,
     for step in plan_pipeline(seed_config(config, seed), sources, store, "evaluate"):
         if step.phase == "train":
             out.append(replace(step, key=seed_key(seed, "train")))
-        elif step.phase == "evaluate" and step.plan.stage != "augment":  # the run's own augment step serves all
+        elif step.phase == "evaluate" and step.plan.stage not in DATA_FOR_EVALS:  # the run's own serve all seeds
             out.append(replace(step, key=seed_key(seed, step.plan.name), bind=_bind_seed(step.bind, seed)))
     return out
 
@@ -128,9 +131,19 @@ def plan_evaluations(config: PipelineConfig, model: ArtifactRef, corpus: Artifac
         augment = plan_augment(aug_cfg)  # HumanEval's augmented tests, planned before the suite that reads them
         steps.append(Step("augment", "evaluate", augment, augment_task, {"cfg": aug_cfg}))
         plus = (store or ArtifactStore(config.store_root)).ref_for(augment)
+    tasks = None
+    if "repo_tasks" in config.evaluate.suites:
+        from codemill.flows.repo_tasks import plan_repo_task_steps
+
+        if not config.repo_tasks.sources:
+            raise ValueError("evaluate.suites has repo_tasks, but repo_tasks.sources is empty: nothing to evaluate on")
+        # The held-out tasks, built (or found in the store) before the suite that reads them.
+        built = [replace(s, phase="evaluate") for s in plan_repo_task_steps(config)]
+        steps += built
+        tasks = (store or ArtifactStore(config.store_root)).ref_for(built[-1].plan)
     for suite in config.evaluate.suites:
         plan = plan_suite(suite, config.evaluate, model, corpus, samples_file if suite == "humaneval" else None,
-                          plus if suite == "humaneval" else None)
+                          plus if suite == "humaneval" else None, tasks)
         params: dict[str, Any] = {"cfg": config.evaluate}
         if resolved is not None:
             params["model"] = resolved

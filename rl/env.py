@@ -95,10 +95,11 @@ class Reset:
 
 @dataclass
 class EnvContext:
-    """What an environment gets from the run: the judge pool, the policy's tokenizer, the engine's context and
-    the rollout's per-turn token budget and reward kind."""
+    """What an environment gets from the run: the judge pool (None where nothing is judged in it: repository
+    episodes are graded in their own sandbox), the policy's tokenizer, the engine's context and the rollout's
+    per-turn token budget and reward kind."""
 
-    pool: JudgePool
+    pool: JudgePool | None
     tokenizer: Any
     max_context: int
     max_new_tokens: int

@@ -187,3 +187,41 @@ def _check(table: pa.Table) -> list[str]:
         problems.append(f"unknown finish_reason values {reasons[:5]} (expected one of "
                         f"{list(EPISODE_FINISH_REASONS)})")
     return problems
+
+
+def render_row(row: dict[str, Any], decode: Any, width: int = 0) -> str:
+    """One rollouts row as text to read: the prompt, then each run of sampled (mask 1) and observed (mask 0)
+    tokens under a header with its turn, mask, token count and mean log-prob, and the episode's end. ``decode``
+    maps token ids to text (a tokenizer's ``decode``); ``width`` > 0 cuts each block to that many characters
+    (its middle)."""
+
+    def cut(text: str) -> str:
+        if width <= 0 or len(text) <= width:
+            return text
+        return f"{text[:width // 2]}\n[... {len(text) - width} characters ...]\n{text[-(width // 2):]}"
+
+    ids, mask, lps = row["completion_ids"], row["loss_mask"], row["logprobs"]
+    starts = set(row["turn_starts"])
+    lines = [f"== {row['problem_id']} group {row['group']} sample {row['sample']}: {row['turns']} turns, "
+             f"{len(row['prompt_ids'])} prompt + {len(ids)} tokens ({sum(mask)} sampled) ==",
+             f"-- prompt (mask -, {len(row['prompt_ids'])} tokens) --", cut(decode(list(row["prompt_ids"])))]
+    turn, i = 0, 0
+    while i < len(ids):
+        j = i + 1
+        while j < len(ids) and mask[j] == mask[i] and j not in starts:
+            j += 1
+        if mask[i]:
+            turn += 1
+            mean = sum(lps[i:j]) / (j - i)
+            head = (f"-- turn {turn}: sampled (mask 1, {j - i} tokens, mean log-prob {mean:.3f}, "
+                    f"{row['turn_finish_reasons'][turn - 1]}) --")
+        else:
+            head = f"-- observed (mask 0, {j - i} tokens) --"
+        lines += [head, cut(decode(list(ids[i:j])))]
+        i = j
+    stats = json.loads(row.get("env_stats") or "{}")
+    flagged = f", suspicious: {row['suspicious']}" if row["suspicious"] else ""
+    numbers = f", {json.dumps(stats, sort_keys=True)}" if stats else ""
+    lines.append(f"== end: {row['finish_reason']}, outcome {row['outcome']}, reward {row['reward']:g} "
+                 f"(turn rewards {row['turn_rewards']}){flagged}{numbers} ==")
+    return "\n".join(lines)

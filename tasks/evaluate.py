@@ -36,22 +36,30 @@ def humaneval_dataset() -> ArtifactRef:
     return ArtifactRef(stage="benchmark", name="humaneval", digest=sha256_file(path), uri=str(path))
 
 
-def suite_data(suite: str, corpus: ArtifactRef | None) -> ArtifactRef:
-    """What a suite reads: HumanEval's problems file, or the corpus (whose val split the text suites score)."""
-    if suites.get(suite).data == "humaneval":
+def suite_data(suite: str, corpus: ArtifactRef | None, tasks: ArtifactRef | None = None) -> ArtifactRef:
+    """What a suite reads: HumanEval's problems file, the repository tasks, or the corpus (whose val split the
+    text suites score)."""
+    kind = suites.get(suite).data
+    if kind == "humaneval":
         return humaneval_dataset()
+    if kind == "repo_tasks":
+        if tasks is None:
+            raise ValueError(f"suite {suite!r} needs repository tasks (config repo_tasks.sources)")
+        return tasks
     if corpus is None:
         raise ValueError(f"suite {suite!r} needs a corpus (its val split)")
     return corpus
 
 
 def logged_dataset(suite: str, data: ArtifactRef) -> ArtifactRef:
-    """The dataset the MLflow record names: the val split for the text suites, HumanEval as it is."""
-    return data if suites.get(suite).data == "humaneval" else val_dataset(data)
+    """The dataset the MLflow record names: the val split for the text suites, HumanEval and the repository
+    tasks as they are."""
+    return val_dataset(data) if suites.get(suite).data == "val" else data
 
 
 def plan_suite(suite: str, cfg: EvalConfig, model: ArtifactRef, corpus: ArtifactRef | None,
-               samples_file: str | None = None, plus: ArtifactRef | None = None) -> StagePlan:
+               samples_file: str | None = None, plus: ArtifactRef | None = None,
+               tasks: ArtifactRef | None = None) -> StagePlan:
     """Digest over this suite's config (not the suite list), the model, the data, (when scoring a samples
     file) its content and (humaneval with ``plus``) the augmented tests: evaluations of one suite pair whenever
     these agree, whatever else ran beside them."""
@@ -59,7 +67,7 @@ def plan_suite(suite: str, cfg: EvalConfig, model: ArtifactRef, corpus: Artifact
     config = {"suite": s.config(cfg).digest_config(), **s.plan_config(cfg),
               **(suites.sampler_config(cfg) if s.generates else {}),
               "bootstrap_samples": cfg.bootstrap_samples, "confidence": cfg.confidence, "seed": cfg.seed}
-    inputs = {"model": model, "data": suite_data(suite, corpus)}
+    inputs = {"model": model, "data": suite_data(suite, corpus, tasks)}
     if samples_file:
         inputs["samples"] = file_input("samples", samples_file)
     if plus is not None:
@@ -135,6 +143,8 @@ def _suite_run(store: ArtifactStore, plan: StagePlan, cfg: EvalConfig, model: Re
                    samples_file=plan.inputs["samples"].uri if "samples" in plan.inputs else None, planned=plan.config)
     if "plus" in plan.inputs:
         run.plus_dir = store.local_path(plan.input("plus"))
+    if data.stage == "repo_tasks":
+        run.tasks_dir = store.local_path(data)
     if data.stage == "ingest":  # a val suite: the corpus, whose split unit clusters its files
         run.corpus_dir = store.local_path(data)
         run.split_unit = store.read_manifest(data).config.get("split_unit", "repository")

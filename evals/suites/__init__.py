@@ -8,7 +8,7 @@ import polars as pl
 
 from codemill.config import EvalConfig
 from codemill.evals.gate import ItemScores
-from codemill.evals.suites import bpb, completion, humaneval, humaneval_infilling, latency
+from codemill.evals.suites import bpb, completion, humaneval, humaneval_infilling, latency, repo_tasks
 from codemill.evals.suites.base import (
     EvalModel,
     Metric,
@@ -20,7 +20,7 @@ from codemill.evals.suites.base import (
 )
 
 REGISTRY: dict[str, Suite] = {s.name: s for s in (bpb.SUITE, completion.SUITE, humaneval.SUITE,
-                                                 humaneval_infilling.SUITE, latency.SUITE)}
+                                                 humaneval_infilling.SUITE, latency.SUITE, repo_tasks.SUITE)}
 SUITE_VERSIONS: dict[str, str] = {name: s.code_version for name, s in REGISTRY.items()}
 # Which suite's rows a gate metric is scored from.
 SUITE_OF_METRIC: dict[str, str] = {m.name: s.name for s in REGISTRY.values() for m in s.metrics}

@@ -27,7 +27,8 @@ if TYPE_CHECKING:  # the model code loads when a model is evaluated (latency's p
     import torch
     from transformers import PreTrainedTokenizerBase
 
-SuiteData = Literal["val", "humaneval"]  # what a suite reads: the corpus's val split, or HumanEval's problems
+# What a suite reads: the corpus's val split, HumanEval's problems, or a repo_tasks artifact.
+SuiteData = Literal["val", "humaneval", "repo_tasks"]
 Rows = tuple[pl.DataFrame, dict[str, Any]]
 
 
@@ -89,6 +90,7 @@ class SuiteRun:
     split_unit: str = "repository"  # the corpus's split unit: val files of one unit share a cluster
     samples_file: str | None = None  # humaneval: score this samples JSONL instead of generating
     plus_dir: Path | None = None  # humaneval with ``plus``: the augment artifact (augmented tests)
+    tasks_dir: Path | None = None  # repo_tasks: the repo_tasks artifact
     loader: Callable[[Path], EvalModel] = load_eval_model
     planned: dict[str, Any] = field(default_factory=dict)  # the plan's hashed config (``Suite.plan_config`` included)
 

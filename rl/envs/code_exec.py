@@ -30,6 +30,8 @@ def verdicts(ctx: EnvContext, tasks: Sequence[ExecProblem], texts: Sequence[str]
     """The judge pool's verdicts on ``texts`` as completions of ``tasks``, in order."""
     from codemill.rl.rollout import judge_counted
 
+    if ctx.pool is None:
+        raise ValueError("the code environments judge in a judge pool, and this run has none")
     rewards, rejudged = judge_counted(tasks, texts, ctx.pool, ctx.reward_retries)
     return [StepInfo(r.outcome, r.passed, r.partial, r.suspicious, r.error, r.duration_s, n)
             for r, n in zip(rewards, rejudged, strict=True)]

@@ -117,6 +117,25 @@ def test_the_oracle_resolves_through_the_loop_with_tool_output_masked(policy, ta
     assert not env.scratch.exists()  # every workspace removed, and the scratch with them
 
 
+def test_codemill_trajectory_shows_turns_and_masks(policy, taskset, tmp_path):
+    from typer.testing import CliRunner
+
+    from codemill.cli import app
+    from codemill.rl.trajectory import write_rollouts
+
+    rows, _, _ = _rollouts(policy, taskset, oracle, k=1)
+    path = write_rollouts(rows, tmp_path)
+    shown = CliRunner().invoke(app, ["trajectory", str(path), "--tokenizer", str(policy), "--width", "0"])
+    assert shown.exit_code == 0, shown.output
+    text = shown.output
+    heads = [line for line in text.splitlines() if line.startswith("-- ")]
+    assert heads[0].startswith("-- prompt") and len(heads) == 1 + 4 + 3  # prompt, 4 turns, 3 observed answers
+    assert heads[1].startswith("-- turn 1: sampled (mask 1,") and heads[2].startswith("-- observed (mask 0,")
+    assert '"name": "edit"' in text and "<tool_response>" in text and "== end: stop, outcome passed, reward 1" in text
+    missing = CliRunner().invoke(app, ["trajectory", str(path), "--tokenizer", str(policy), "--row", "5"])
+    assert missing.exit_code == 2 and "no row 5 (it has 1)" in missing.output
+
+
 def test_doing_nothing_resolves_nothing(policy, taskset):
     rows, _, _ = _rollouts(policy, taskset, do_nothing)
     assert {r["outcome"] for r in rows} == {"unresolved"} and {r["reward"] for r in rows} == {0.0}

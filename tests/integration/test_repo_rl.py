@@ -47,6 +47,10 @@ def _config(root: Path) -> PipelineConfig:
                     env={"kind": "repo", "max_turns": 2, "tools_prompt": "brief", "tests_s": 60},
                     rollout={"problems_per_iteration": 3, "samples_per_problem": 2, "max_new_tokens": 24,
                              "context_len": 2048, "stop": [END_OF_TURN], "workers": 2})
+    cfg.evaluate.suites = ["repo_tasks"]  # the final policy on the held-out repository's tasks
+    cfg.evaluate.repo_tasks.env = cfg.rl.env
+    cfg.evaluate.repo_tasks.max_new_tokens = 24
+    cfg.evaluate.repo_tasks.context_len = 2048
     cfg.repo_tasks = RepoTasksConfig(
         sources=[ImportedRepoTasksConfig(tasks=str(root / "imported.jsonl"), repos=str(repos)),
                  SynthesizedRepoTasksConfig(repositories=[RepositoryConfig(name="mathlib-synth", path=str(repo))],
@@ -74,6 +78,11 @@ def test_grpo_on_repository_tasks_logs_agent_metrics_and_traces_to_the_commit(tm
     assert row["tokens_per_episode_mean"] > 2 * 24 and 0 < row["observed_token_frac"] < 1
     assert row["env_s"] > 0 and row["generation_s"] > 0
     assert row["groups_kept"] == 0, "equal rewards in every group: nothing to train on"
+
+    suite = out["evals"]["repo_tasks"]
+    assert suite["repo_tasks_resolved"] == 0.0 and suite["repo_tasks_tasks"] >= 1
+    assert suite["repo_tasks_limits_hit"] == suite["repo_tasks_episodes"] == suite["repo_tasks_tasks"]
+    assert suite["repo_tasks_resolved_ci_low"] <= suite["repo_tasks_resolved"] <= suite["repo_tasks_resolved_ci_high"]
 
     ref = stages["rollouts:0"]["ref"]
     rows = read_rollouts(store.local_path(store.ref("rollouts", ref["name"], ref["digest"]))).to_pylist()

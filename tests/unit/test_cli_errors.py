@@ -84,6 +84,18 @@ def test_a_multi_turn_environment_with_rejection_sampling_in_one_line(tmp_path):
     assert len(lines) == 1 and "algorithm rft needs a single-turn environment" in lines[0], lines
 
 
+@pytest.mark.parametrize(("rl", "says"), [
+    ("{env: {kind: repo}}", "rl.rollout.stop must hold '<|im_end|>'"),
+    ("{env: {kind: repo}, rollout: {stop: ['<|im_end|>']}, warm_start: {max_steps: 5}}",
+     "repository tasks do not have; set rl.warm_start.max_steps: 0"),
+])
+def test_a_repository_environment_that_cannot_run_as_configured_in_one_line(tmp_path, rl, says):
+    p = tmp_path / "my.yaml"
+    p.write_text(f"rl: {rl}\n")
+    lines = _error_lines(_invoke(["rl", "--config", str(p)]))
+    assert len(lines) == 1 and says in lines[0], lines
+
+
 def test_config_file_that_does_not_exist(tmp_path):
     p = tmp_path / "nothere.yaml"
     assert _error_lines(_invoke(["run", "--config", str(p)])) == [f"error: {p}: config file not found"]

@@ -218,7 +218,7 @@ def _row(group: int, sample: int, **kw):
            "prompt_ids": [1, 2], "completion_ids": [3, 4], "loss_mask": [1, 1], "logprobs": [-0.5, -1.25],
            "turn_starts": [0], "turns": 1, "turn_finish_reasons": ["stop"], "finish_reason": "stop", "reward": 1.0,
            "turn_rewards": [1.0],
-           "partial": 1.0, "outcome": "passed", "duration_s": 0.01, "suspicious": ""}
+           "partial": 1.0, "outcome": "passed", "duration_s": 0.01, "suspicious": "", "env_stats": "{}"}
     return {**row, **kw}
 
 

@@ -18,12 +18,17 @@ def test_every_suite_name_is_registered_with_a_config_section_and_unique_metrics
     for name, suite in suites.REGISTRY.items():
         assert suite.name == name
         assert isinstance(suite.config(cfg), StageConfig)
-        assert suite.data in ("val", "humaneval")
+        assert suite.data in ("val", "humaneval", "repo_tasks")
+
+
+def test_the_default_suites_leave_out_the_one_that_needs_repository_tasks():
+    assert "repo_tasks" not in EvalConfig().suites and set(EvalConfig().suites) == set(SUITES) - {"repo_tasks"}
 
 
 def test_unknown_suite_names_the_known_ones():
     with pytest.raises(ValueError,
-                       match="unknown suite 'nope'; known: bpb, completion, humaneval, humaneval_infilling, latency$"):
+                       match="unknown suite 'nope'; known: bpb, completion, humaneval, humaneval_infilling, latency, "
+                             "repo_tasks$"):
         suites.get("nope")
 
 

@@ -1,0 +1,76 @@
+"""Repository tasks: the model as an agent in the ``repo`` environment (``codemill.rl.envs.repo``) on the held-out
+tasks of a ``repo_tasks`` artifact, graded by the same code as RL's reward and ``codemill repo-tasks grade``.
+
+One row per episode (``samples`` per task, seeded by the eval seed, greedy at temperature 0); its item is the
+episode, its cluster the task's repository (tasks of one repository share code, tests and failure modes, so the
+CI resamples repositories). ``repo_tasks_resolved`` is the share of episodes whose task was resolved; an episode
+that ended on a limit (turns, tool calls, tokens, wall clock) counts as unresolved whatever its changes were.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from codemill.config import END_OF_TURN
+from codemill.evals.gate import ItemScores
+from codemill.evals.suites.base import Metric, Rows, Suite, SuiteRun, ci, scores
+
+PREFIX = "repo_tasks_"  # the summary's numbers: logged on the evaluation run and kept in the flow's result
+RESOLVED = Metric(f"{PREFIX}resolved", binary=True)
+REPO_TASKS_CODE_VERSION = "repo-tasks-suite-v1"
+
+
+def run(r: SuiteRun) -> Rows:
+    from codemill.models.engines import RolloutParams
+    from codemill.rl.env import CUT_REASONS, EnvContext
+    from codemill.rl.envs import opened
+    from codemill.rl.envs.repo import RepoEnv
+    from codemill.rl.rollout import collect_rollouts
+
+    c = r.cfg.repo_tasks
+    if r.tasks_dir is None:
+        raise ValueError("the repo_tasks suite needs a repo_tasks artifact (config repo_tasks)")
+    tasks = sorted(RepoEnv.read_tasks(r.tasks_dir, c.split), key=lambda t: t.problem_id)[:c.max_tasks]
+    if not tasks:
+        raise ValueError(f"{r.tasks_dir}: no {c.split} repository tasks to evaluate on")
+    params = RolloutParams(temperature=c.temperature, max_new_tokens=c.max_new_tokens, stop=(END_OF_TURN,))
+    with r.model.engine(c.batch_size, c.context_len) as engine:
+        ctx = EnvContext(None, engine.tokenizer, engine.max_context, c.max_new_tokens)
+        with opened(RepoEnv(c.env, ctx)) as env:
+            episodes, timings = collect_rollouts(engine, env, tasks, c.samples, params, r.cfg.seed,
+                                                 batch_problems=c.batch_size, overlap=False)
+    repo_of = {t.problem_id: t.task.repo for t in tasks}
+    rows = pl.DataFrame([{
+        "item_id": f"{e['problem_id']}#{e['sample']}", "cluster": repo_of[e["problem_id"]],
+        "instance_id": e["problem_id"], "sample": e["sample"], "resolved": e["outcome"] == "passed"
+        and e["finish_reason"] not in CUT_REASONS, "outcome": e["outcome"], "finish_reason": e["finish_reason"],
+        "turns": e["turns"], "tokens": len(e["prompt_ids"]) + len(e["completion_ids"]),
+        "suspicious": e["suspicious"], "env_stats": e["env_stats"]} for e in episodes])
+    resolved = rows["resolved"].to_numpy().astype(np.float64)
+    clusters = np.unique(rows["cluster"].to_numpy(), return_inverse=True)[1]
+    calls: Counter[str] = Counter()
+    for stats in rows["env_stats"]:
+        calls.update(json.loads(stats).get("tool_calls", {}))
+    summary: dict[str, Any] = {
+        **ci(resolved, np.ones_like(resolved), clusters, r.cfg, RESOLVED.name),
+        f"{PREFIX}tasks": len(tasks), f"{PREFIX}repositories": len(set(repo_of.values())),
+        f"{PREFIX}episodes": rows.height,
+        f"{PREFIX}turns_mean": float(rows["turns"].mean() or 0.0),  # type: ignore[arg-type]
+        f"{PREFIX}limits_hit": int(rows["finish_reason"].is_in(list(CUT_REASONS)).sum()),
+        f"{PREFIX}suspicious": int((rows["suspicious"] != "").sum()), f"{PREFIX}wall_s": timings.wall_s,
+        "tool_calls": dict(calls), "outcomes": dict(Counter(rows["outcome"].to_list()))}
+    return rows, summary
+
+
+def item_scores(rows: pl.DataFrame) -> dict[str, ItemScores]:
+    ordered = rows.sort("item_id").with_columns(pl.col("resolved").cast(pl.Float64).alias("resolved_score"))
+    return {RESOLVED.name: scores(ordered, RESOLVED, "resolved_score")}
+
+
+SUITE = Suite("repo_tasks", REPO_TASKS_CODE_VERSION, "repo_tasks", run, item_scores, (RESOLVED,),
+              logged=(PREFIX,), uses_sandbox=lambda cfg: True, generates=True)
