@@ -41,6 +41,7 @@ class Needs:
     training: bool = False
     devices: tuple[str, ...] = ()  # the device preferences ("auto", "cpu", "cuda") of the steps that train or sample
     vllm: str | None = None  # the setting that makes a step sample with vLLM (rl.rollout.engine, evaluate.engine)
+    overlay: bool = False  # repository workspaces: overlay mounts, which need bubblewrap 0.10 or newer
 
 
 def needs_of(command: str, cfg: PipelineConfig, until: str = "evaluate") -> Needs:
@@ -48,22 +49,26 @@ def needs_of(command: str, cfg: PipelineConfig, until: str = "evaluate") -> Need
     from codemill.evals import suites
 
     sandboxed_suites = any(suites.get(s).uses_sandbox(cfg.evaluate) for s in cfg.evaluate.suites)
+    repo_suite = "repo_tasks" in cfg.evaluate.suites
     eval_vllm = "evaluate.engine" if suites.samples_with_vllm(cfg.evaluate) else None
     if command == "run":
         trains = until in ("train", "evaluate")
-        return Needs(sandbox=until == "evaluate" and sandboxed_suites, training=trains,
-                     devices=(cfg.train.device,) if trains else (), vllm=eval_vllm if until == "evaluate" else None)
+        evaluates = until == "evaluate"
+        return Needs(sandbox=evaluates and sandboxed_suites, training=trains,
+                     devices=(cfg.train.device,) if trains else (), vllm=eval_vllm if evaluates else None,
+                     overlay=evaluates and repo_suite)
     if command == "calibrate":
-        return Needs(sandbox=sandboxed_suites, training=True, devices=(cfg.train.device,), vllm=eval_vllm)
+        return Needs(sandbox=sandboxed_suites, training=True, devices=(cfg.train.device,), vllm=eval_vllm,
+                     overlay=repo_suite)
     if command == "evaluate":
-        return Needs(sandbox=sandboxed_suites, vllm=eval_vllm)
+        return Needs(sandbox=sandboxed_suites, vllm=eval_vllm, overlay=repo_suite)
     if command in ("problems", "repo-tasks build"):
-        return Needs(sandbox=True)
+        return Needs(sandbox=True, overlay=command == "repo-tasks build")
     if command == "rl":
         update_device = getattr(cfg.rl.algorithm, "device", cfg.train.device)  # rft trains with train's device
         rollout_vllm = "rl.rollout.engine" if cfg.rl.rollout.engine == "vllm" else None
         return Needs(sandbox=True, training=True, devices=(cfg.train.device, update_device),
-                     vllm=rollout_vllm or eval_vllm)
+                     vllm=rollout_vllm or eval_vllm, overlay=cfg.rl.env.kind == "repo" or repo_suite)
     if command == "serve":  # serves every deployment: the pipeline, evaluation, problems and RL
         return Needs(sandbox=True, training=True, devices=(cfg.train.device,))
     raise ValueError(f"no preflight for command {command!r}")
@@ -71,8 +76,9 @@ def needs_of(command: str, cfg: PipelineConfig, until: str = "evaluate") -> Need
 
 def run_checks(cfg: PipelineConfig, needs: Needs) -> list[Check]:
     checks: list[Callable[[], Check]] = [lambda: check_store(cfg), lambda: check_tracking(cfg)]
-    if needs.sandbox:
-        checks.append(check_sandbox)
+    if needs.sandbox or needs.overlay:
+        overlay = needs.overlay
+        checks.append(lambda: check_sandbox(overlay))
     if needs.training:
         checks += [check_torchrun, lambda: check_disk(cfg)]
     if "cuda" in needs.devices:
@@ -116,12 +122,14 @@ def check_tracking(cfg: PipelineConfig) -> Check:
     return Check("mlflow", detail=uri)
 
 
-def check_sandbox() -> Check:
+def check_sandbox(overlay: bool = False) -> Check:
+    """The sandbox starts, isolated; with ``overlay`` (repository workspaces), with a bubblewrap that mounts
+    overlays."""
     from codemill.sandbox import Sandbox, SandboxUnavailable
     from codemill.sandbox.uids import NoFreeUid
 
     try:
-        info = Sandbox().probe()
+        info = Sandbox(overlay=overlay).probe()
     except SandboxUnavailable as e:
         return Check("sandbox", str(e), hint=e.hint)
     except NoFreeUid as e:
