@@ -3,8 +3,9 @@ tasks of a ``repo_tasks`` artifact, graded by the same code as RL's reward and `
 
 One row per episode (``samples`` per task, seeded by the eval seed, greedy at temperature 0); its item is the
 episode, its cluster the task's repository (tasks of one repository share code, tests and failure modes, so the
-CI resamples repositories). ``repo_tasks_resolved`` is the share of episodes whose task was resolved; an episode
-that ended on a limit (turns, tool calls, tokens, wall clock) counts as unresolved whatever its changes were.
+CI resamples repositories). ``repo_tasks_resolved`` is the share of episodes whose task was resolved. An episode
+that ended on a limit (turns, tool calls, tokens, wall clock) is graded on the tree it left, as SWE-bench grades
+an agent's final diff; ``repo_tasks_limits_hit`` counts them.
 """
 
 from __future__ import annotations
@@ -47,8 +48,7 @@ def run(r: SuiteRun) -> Rows:
     repo_of = {t.problem_id: t.task.repo for t in tasks}
     rows = pl.DataFrame([{
         "item_id": f"{e['problem_id']}#{e['sample']}", "cluster": repo_of[e["problem_id"]],
-        "instance_id": e["problem_id"], "sample": e["sample"], "resolved": e["outcome"] == "passed"
-        and e["finish_reason"] not in CUT_REASONS, "outcome": e["outcome"], "finish_reason": e["finish_reason"],
+        "instance_id": e["problem_id"], "sample": e["sample"], "resolved": e["outcome"] == "passed", "outcome": e["outcome"], "finish_reason": e["finish_reason"],
         "turns": e["turns"], "tokens": len(e["prompt_ids"]) + len(e["completion_ids"]),
         "suspicious": e["suspicious"], "env_stats": e["env_stats"]} for e in episodes])
     resolved = rows["resolved"].to_numpy().astype(np.float64)
