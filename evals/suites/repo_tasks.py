@@ -48,7 +48,8 @@ def run(r: SuiteRun) -> Rows:
     repo_of = {t.problem_id: t.task.repo for t in tasks}
     rows = pl.DataFrame([{
         "item_id": f"{e['problem_id']}#{e['sample']}", "cluster": repo_of[e["problem_id"]],
-        "instance_id": e["problem_id"], "sample": e["sample"], "resolved": e["outcome"] == "passed", "outcome": e["outcome"], "finish_reason": e["finish_reason"],
+        "instance_id": e["problem_id"], "sample": e["sample"], "resolved": e["outcome"] == "passed",
+        "outcome": e["outcome"], "finish_reason": e["finish_reason"],
         "turns": e["turns"], "tokens": len(e["prompt_ids"]) + len(e["completion_ids"]),
         "suspicious": e["suspicious"], "env_stats": e["env_stats"]} for e in episodes])
     resolved = rows["resolved"].to_numpy().astype(np.float64)
