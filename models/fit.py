@@ -37,7 +37,7 @@ def fit_documents(policy: Path, out: Path, docs: Sequence[Sequence[int]], steps:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         if on_step is not None:
-            on_step(step, float(loss))
+            on_step(step, loss.item())
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(out))
     tok.save_pretrained(str(out))
