@@ -124,8 +124,10 @@ def main() -> None:
     print(json.dumps({"train_tasks": len(train), "val_tasks": len(taskset.tasks("val")), "documents": len(docs),
                       "chars_mean": sum(map(len, docs)) / len(docs), "setup_s": round(time.monotonic() - t0, 1)}),
           flush=True)
-    start = scratch_policy(out / "init", docs, 1024, ModelConfig(), max_len=4096, seed=args.seed)
-    policy = pretrain(start, out / "base", docs, args.pretrain_steps, seed=args.seed)
+    policy = out / "base"
+    if not (policy / "config.json").is_file():  # a rerun into the same --out starts from the same base policy
+        start = scratch_policy(out / "init", docs, 1024, ModelConfig(), max_len=4096, seed=args.seed)
+        pretrain(start, policy, docs, args.pretrain_steps, seed=args.seed)
 
     cfg = base.model_copy(deep=True)
     cfg.rl = cfg.rl.model_validate({

@@ -30,7 +30,7 @@ from codemill.flows.problems import plan_problem_steps
 from codemill.flows.repo_tasks import plan_repo_task_steps
 from codemill.lineage import Registry
 from codemill.rl.envs import task_stage
-from codemill.rl.metrics import COUNTED
+from codemill.rl.metrics import counted_metrics
 from codemill.store import ArtifactRef, ArtifactStore
 from codemill.tasks.common import RunContext, StageResult
 from codemill.tasks.ingest import fingerprint_sources_task
@@ -126,7 +126,7 @@ def iteration_table(stages: dict[str, StageResult], iterations: int) -> list[dic
                                                           "suspicious", "tokens_per_episode_mean",
                                                           "limits_hit_frac")},
                **{k: ro[k] for k in ("tool_calls_mean", "tool_errors_mean") if k in ro},
-               **{f"{key}.{name}": n for key in COUNTED for name, n in sorted((ro.get(key) or {}).items())},
+               **counted_metrics(ro),
                "signal_groups": None if ro.get("zero_variance_groups") is None
                else 1.0 - float(ro["zero_variance_groups"]),
                "kl": u.get("kl"), "entropy": u.get("entropy"), "clip_frac_low": u.get("clip_frac_low"),

@@ -78,9 +78,13 @@ def scalar_metrics(stats: dict[str, Any]) -> dict[str, float]:
            if isinstance(v, int | float) and not isinstance(v, bool) and k not in ("seed",)}
     out |= {f"time.{k}": float(v) for k, v in stats.get("timings", {}).items()
             if isinstance(v, int | float) and not isinstance(v, bool)}
-    out |= {f"{key}.{METRIC_UNSAFE.sub('_', name)}": float(v) for key in COUNTED
-            for name, v in (stats.get(key) or {}).items()}
-    return out
+    return out | counted_metrics(stats)
+
+
+def counted_metrics(stats: dict[str, Any]) -> dict[str, float]:
+    """The counts by name (``COUNTED``) as ``<key>.<name>`` metrics, each name made one MLflow accepts."""
+    return {f"{key}.{METRIC_UNSAFE.sub('_', name)}": float(v) for key in COUNTED
+            for name, v in sorted((stats.get(key) or {}).items())}
 
 
 def update_metrics(stats: dict[str, Any]) -> dict[str, float]:
