@@ -9,7 +9,7 @@ pretraining a base model had). Then the ``rl`` flow runs GRPO on the train tasks
 resolved rate (other repositories) before and after, paired per task.
 
     python -m benchmarks.repo_rl_learning --config tasks.yaml --out DIR [--iterations 4] [--k 4]
-                                          [--pretrain-steps 300] [--noise 0.3]
+                                          [--pretrain-steps 300] [--noise 0.3] [--lr 3e-4]
 
 ``--config`` is a pipeline config whose ``repo_tasks`` section names the repositories (the flow builds the task
 set, or finds it in the store). Prints the iteration table and the held-out comparison as JSON lines.
@@ -95,6 +95,7 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--pretrain-steps", type=int, default=300)
     ap.add_argument("--noise", type=float, default=0.3)
+    ap.add_argument("--lr", type=float, default=3e-4, help="GRPO's learning rate")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
 
@@ -133,7 +134,7 @@ def main() -> None:
     cfg.rl = cfg.rl.model_validate({
         "iterations": args.iterations, "seed": args.seed, "heldout_samples": args.k,
         "warm_start": {"max_steps": 0},
-        "algorithm": {"name": "grpo", "lr": 3e-4, "micro_batch_size": 8, "grad_accum": 2, "epochs": 2,
+        "algorithm": {"name": "grpo", "lr": args.lr, "micro_batch_size": 8, "grad_accum": 2, "epochs": 2,
                       "norm_adv_by_std": False, "device": "cpu"},
         "env": {"kind": "repo", "max_turns": 3, "tools_prompt": "brief", "tests_s": 120},
         "rollout": {"problems_per_iteration": len(train), "samples_per_problem": args.k, "max_new_tokens": 192,
