@@ -92,8 +92,10 @@ def render_chatml(msgs: Sequence[dict[str, str]]) -> str:
 
 
 def observation_text(turn_text: str, results: str) -> str:
-    """The tool results as the user's next message, closing the assistant's turn first unless it closed itself."""
-    close = "" if turn_text.rstrip().endswith(END_OF_TURN) else f"{END_OF_TURN}\n"
+    """The tool results as the user's next message, closing the assistant's turn first unless it closed itself.
+    A turn ends at the first ``<|im_end|>`` (the stop); with a tokenizer that has no ChatML special tokens, the
+    token that completed it may carry a few characters more, which stay (they are what the policy sampled)."""
+    close = "\n" if END_OF_TURN in turn_text else f"{END_OF_TURN}\n"
     return f"{close}{START_OF_TURN}user\n{results}{END_OF_TURN}\n{START_OF_TURN}assistant\n"
 
 

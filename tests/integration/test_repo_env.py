@@ -107,7 +107,8 @@ def test_the_oracle_resolves_through_the_loop_with_tool_output_masked(policy, ta
     observed = tok.decode([t for t, m in zip(row["completion_ids"], row["loss_mask"], strict=True) if not m])
     assert "<tool_call>" in sampled and "<tool_response>" not in sampled  # the policy's tokens: calls only
     assert observed.count("<tool_response>") == 4 and "<tool_call>" not in observed  # 2 + 1 + 1 results
-    assert observed.startswith("<|im_start|>user\n") and observed.endswith("<|im_start|>assistant\n")
+    assert observed.startswith("\n<|im_start|>user\n") and observed.endswith("<|im_start|>assistant\n")
+    assert observed.count("<|im_end|>") == 3  # the user messages' own: each turn closed itself (the stop)
     stats = json.loads(row["env_stats"])
     assert stats["tool_calls"] == {"list_dir": 1, "read_file": 1, "edit": 1, "run_tests": 1}
     assert stats["finish"] == "submitted" and stats["status"] == "resolved" and stats["tool_errors"] == {}
