@@ -485,8 +485,8 @@ class EvalConfig(StageConfig):
 class GateMetricConfig(StageConfig):
     name: str = Field(description="Eval metric: val_bpb, completion_exact_match, completion_edit_similarity, "
                                   "humaneval_pass_at_1, humaneval_plus_pass_at_1, humaneval_infilling_pass_at_1, "
-                                  "repo_tasks_resolved, latency_ttft_ms, latency_per_token_ms (milliseconds, lower is better; margin in "
-                                  "ms).")
+                                  "repo_tasks_resolved, latency_ttft_ms, latency_per_token_ms (milliseconds, lower "
+                                  "is better; margin in ms).")
     margin: float = Field(0.0, ge=0, description="Tolerated loss before a difference counts as a regression.")
     uncalibrated_margin: float | None = Field(
         None, ge=0, description="With no seed-noise calibration of the champion's config (codemill calibrate), "
