@@ -102,9 +102,9 @@ def observation_text(turn_text: str, results: str) -> str:
 def first_observation(tokenizer: Any, task: RepoProblem, tools_prompt: str) -> list[int]:
     """The prompt's token ids: the tokenizer's own chat template when it has one, ChatML otherwise."""
     msgs = messages(task, tools_prompt)
-    if getattr(tokenizer, "chat_template", None):
-        return list(tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True))
-    return list(tokenizer(render_chatml(msgs), add_special_tokens=False)["input_ids"])
+    text = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False) \
+        if getattr(tokenizer, "chat_template", None) else render_chatml(msgs)
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])  # as observations are tokenised
 
 
 def outcome_of(grade: Grade) -> str:

@@ -137,6 +137,25 @@ def test_codemill_trajectory_shows_turns_and_masks(policy, taskset, tmp_path):
     assert missing.exit_code == 2 and "no row 5 (it has 1)" in missing.output
 
 
+# ChatML as Qwen2.5's template writes a conversation without tools passed to it (the tools are in the system
+# message), so a tokenizer with this template must give the same prompt text as one without.
+CHATML_TEMPLATE = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
+                   "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+
+
+def test_a_tokenizer_with_a_chat_template_renders_the_prompt_with_it(policy, taskset):
+    from codemill.rl.envs.repo import first_observation, messages, render_chatml
+
+    tok = HFEngine(policy).tokenizer
+    (problem,) = read_tasks(RepoEnvConfig(), taskset, "train")
+    plain = first_observation(tok, problem, "full")  # type: ignore[arg-type]
+    tok.chat_template = CHATML_TEMPLATE
+    templated = first_observation(tok, problem, "full")  # type: ignore[arg-type]
+    assert tok.decode(templated) == tok.decode(plain) == render_chatml(messages(problem, "full"))  # type: ignore[arg-type]
+    tok.chat_template = CHATML_TEMPLATE.replace("<|im_end|>", "<|im_end|>!")  # the template, not ChatML, decides
+    assert tok.decode(first_observation(tok, problem, "full")).count("<|im_end|>!") == 2  # type: ignore[arg-type]
+
+
 def test_doing_nothing_resolves_nothing(policy, taskset):
     rows, _, _ = _rollouts(policy, taskset, do_nothing)
     assert {r["outcome"] for r in rows} == {"unresolved"} and {r["reward"] for r in rows} == {0.0}
