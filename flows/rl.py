@@ -110,6 +110,11 @@ def plan_rl_steps(config: PipelineConfig, start: ResolvedModel, problems: Artifa
     return steps
 
 
+ROLLOUT_COLUMNS = ("reward_mean", "reward_std", "pass_rate", "zero_variance_groups", "response_tokens_mean",
+                   "truncated_frac", "turns_mean", "observed_token_frac", "suspicious", "tokens_per_episode_mean",
+                   "limits_hit_frac")
+
+
 def iteration_table(stages: dict[str, StageResult], iterations: int) -> list[dict[str, Any]]:
     """One row per iteration: the rollouts' reward statistics (``pass_rate``: the resolved rate of repository
     tasks), tool calls and errors by tool and ends by reason where the environment counts them, the update's
@@ -120,11 +125,8 @@ def iteration_table(stages: dict[str, StageResult], iterations: int) -> list[dic
         ro, up = stages[f"rollouts:{i}"].summary, stages[f"update:{i}"].summary
         t = ro.get("timings", {})
         u = up.get("update") or {}
-        row: dict[str, Any] = {"iteration": i, **{k: ro.get(k) for k in ("reward_mean", "reward_std", "pass_rate",
-                                                          "zero_variance_groups", "response_tokens_mean",
-                                                          "truncated_frac", "turns_mean", "observed_token_frac",
-                                                          "suspicious", "tokens_per_episode_mean",
-                                                          "limits_hit_frac")},
+        row: dict[str, Any] = {
+               "iteration": i, **{k: ro.get(k) for k in ROLLOUT_COLUMNS},
                **{k: ro[k] for k in ("tool_calls_mean", "tool_errors_mean") if k in ro},
                **counted_metrics(ro),
                "signal_groups": None if ro.get("zero_variance_groups") is None
