@@ -10,8 +10,6 @@ an agent's final diff; ``repo_tasks_limits_hit`` counts them.
 
 from __future__ import annotations
 
-import json
-from collections import Counter
 from typing import Any
 
 import numpy as np
@@ -31,6 +29,7 @@ def run(r: SuiteRun) -> Rows:
     from codemill.rl.env import CUT_REASONS, EnvContext
     from codemill.rl.envs import opened
     from codemill.rl.envs.repo import RepoEnv
+    from codemill.rl.metrics import rollout_metrics
     from codemill.rl.rollout import collect_rollouts
 
     c = r.cfg.repo_tasks
@@ -54,17 +53,14 @@ def run(r: SuiteRun) -> Rows:
         "suspicious": e["suspicious"], "env_stats": e["env_stats"]} for e in episodes])
     resolved = rows["resolved"].to_numpy().astype(np.float64)
     clusters = np.unique(rows["cluster"].to_numpy(), return_inverse=True)[1]
-    calls: Counter[str] = Counter()
-    for stats in rows["env_stats"]:
-        calls.update(json.loads(stats).get("tool_calls", {}))
+    m = rollout_metrics(episodes, c.samples)  # what an RL iteration says of its episodes, counted the same way
     summary: dict[str, Any] = {
         **ci(resolved, np.ones_like(resolved), clusters, r.cfg, RESOLVED.name),
         f"{PREFIX}tasks": len(tasks), f"{PREFIX}repositories": len(set(repo_of.values())),
-        f"{PREFIX}episodes": rows.height,
-        f"{PREFIX}turns_mean": float(rows["turns"].mean() or 0.0),  # type: ignore[arg-type]
-        f"{PREFIX}limits_hit": int(rows["finish_reason"].is_in(list(CUT_REASONS)).sum()),
-        f"{PREFIX}suspicious": int((rows["suspicious"] != "").sum()), f"{PREFIX}wall_s": timings.wall_s,
-        "tool_calls": dict(calls), "outcomes": dict(Counter(rows["outcome"].to_list()))}
+        f"{PREFIX}episodes": m["samples"], f"{PREFIX}turns_mean": m["turns_mean"],
+        f"{PREFIX}limits_hit": sum(n for f, n in m["finish_reasons"].items() if f in CUT_REASONS),
+        f"{PREFIX}suspicious": m["suspicious"], f"{PREFIX}wall_s": timings.wall_s,
+        "tool_calls": m.get("tool_calls", {}), "outcomes": m["outcomes"]}
     return rows, summary
 
 

@@ -22,7 +22,6 @@ why it ended, what it did that deserves a look), which the rollouts table keeps 
 
 from __future__ import annotations
 
-import json
 import shutil
 import tempfile
 import threading
@@ -34,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from codemill.config import END_OF_TURN, RepoEnvConfig
-from codemill.repos.episode import MAX_CALLS, MAX_TURNS, SUBMITTED, WALL, RepoEpisode
+from codemill.repos.episode import MAX_CALLS, MAX_TURNS, WALL, RepoEpisode
 from codemill.repos.episode import EpisodeLimits as AgentLimits
 from codemill.repos.grading import Grade
 from codemill.repos.pytest_run import repo_sandbox
@@ -194,9 +193,8 @@ class RepoEnv:
         finally:
             agent.close()
         reward = grade.reward if not cut else 0.0
-        info = StepInfo(outcome_of(grade), grade.resolved, grade.reward if self.ctx.reward == "partial"
-                        else float(grade.resolved), self._kind(grade.suspicious), "; ".join(grade.reasons[:3]),
-                        acted_s + grade.duration_s, stats=self._stats(agent, grade, cut))
+        info = StepInfo(outcome_of(grade), grade.resolved, grade.reward, self._kind(grade.suspicious),
+                        "; ".join(grade.reasons[:3]), acted_s + grade.duration_s, stats=self._stats(agent, grade, cut))
         return StepResult([], reward, True, info, cut=cut)
 
     @staticmethod
@@ -211,10 +209,9 @@ class RepoEnv:
         out: dict[str, Any] = {"tool_calls": dict(s.tool_calls), "tool_errors": dict(s.tool_errors),
                                "tool_s": round(s.tool_s, 4), "agent_turns": s.turns}
         if grade is not None:
-            out |= {"finish": cut or (SUBMITTED if s.finish == SUBMITTED else s.finish or "graded"),
+            out |= {"finish": cut or s.finish,  # an episode ends graded on submit or on a limit (cut)
                     "status": grade.status, "grade_s": round(grade.duration_s, 4), "suspicious": grade.suspicious,
                     "dropped": sorted(grade.dropped), "controls": grade.controls}
-        json.dumps(out)  # what the rollouts table keeps must be JSON
         return out
 
     def close(self) -> None:
