@@ -112,22 +112,19 @@ def test_the_vllm_engine_without_vllm_stops_the_rl_run(empty_dir, tmp_path):
 
 
 def test_repository_episodes_with_a_bwrap_that_cannot_mount_overlays_stop_the_rl_run(empty_dir, tmp_path):
-    """The repo environment's workspaces are overlay mounts: a forced system bwrap older than 0.10 is one line
-    before the first stage, naming the fix."""
-    import shutil
-
-    from codemill.sandbox.binary import OVERLAY_VERSION, _version, version_tuple
-
-    system = shutil.which("bwrap")
-    assert system is not None, "the system bubblewrap .ci/run installs"
-    assert version_tuple(_version(system)) < OVERLAY_VERSION, "Debian 12's bubblewrap (0.8.0) predates overlays"
+    """The repo environment's workspaces are overlay mounts: a bwrap older than 0.10 (one that says it is 0.9.0,
+    as a distribution's older bubblewrap would) is one line before the first stage, naming the fix."""
+    old = tmp_path / "old-bwrap" / "bwrap"
+    old.parent.mkdir(mode=0o755)
+    old.write_text("#!/bin/sh\necho 'bubblewrap 0.9.0'\n")
+    old.chmod(0o755)
     config = tmp_path / "repo.yaml"
     config.write_text("rl:\n  env: {kind: repo}\n  rollout: {stop: ['<|im_end|>']}\n")
     out = codemill(["rl", "--config", str(config), "--model", str(tmp_path / "no-model")], empty_dir,
-                   env={"CODEMILL_BWRAP": "system"})
+                   env={"CODEMILL_BWRAP": str(old)})
     assert_stopped_before_anything(out, empty_dir, [
-        f"the sandbox cannot start: {os.path.realpath(system)} is {_version(system)}; repository workspaces need "
-        "bubblewrap >= 0.10 (overlay mounts)"])
+        f"the sandbox cannot start: {old} is bubblewrap 0.9.0; repository workspaces need bubblewrap >= 0.10 "
+        "(overlay mounts)"])
     assert "hint: set CODEMILL_BWRAP=bundled" in out.stderr
 
 
