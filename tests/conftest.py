@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.system_tools import require, required
+
 _SESSION_HOME = Path(tempfile.mkdtemp(prefix="codemill-tests-"))
 os.environ.setdefault("PREFECT_HOME", str(_SESSION_HOME / "prefect"))
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
@@ -25,17 +27,28 @@ def prefect_harness():
         yield
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """``@pytest.mark.system_tool(name)``: skip (or, under ``.ci/run``, fail) before any fixture starts a
+    server the missing program would be needed for (tests/system_tools.py)."""
+    for mark in item.iter_markers("system_tool"):
+        for name in mark.args:
+            require(name)
+
+
 def bwrap_choices() -> list[str]:
     """Every bwrap the sandbox tests hold to one standard: the bundled one (what a fresh machine gets from pip)
-    always, and the system's wherever one is installed (what ``auto`` prefers)."""
+    always, and the system's wherever one is installed (what ``auto`` prefers) or required (``.ci/run``)."""
     import shutil
 
-    return ["bundled", *(["system"] if shutil.which("bwrap") else [])]
+    return ["bundled", *(["system"] if shutil.which("bwrap") or required() else [])]
 
 
 @pytest.fixture(scope="module", params=bwrap_choices())
 def bwrap_choice(request) -> Iterator[str]:
     """Forces ``CODEMILL_BWRAP`` for a module's sandboxes (and the servers they start), then restores it."""
+    if request.param == "system":
+        require("bwrap")
     before = os.environ.get("CODEMILL_BWRAP")
     os.environ["CODEMILL_BWRAP"] = request.param
     try:

@@ -14,6 +14,7 @@ import pytest
 
 from codemill.config import IngestConfig, SourceConfig
 from codemill.data.folder_source import SourceNotFoundError
+from tests.system_tools import require
 
 INGEST_ONCE = """
 import json, sys
@@ -34,10 +35,8 @@ def _without_root_privileges() -> list[str]:
     """As root, file modes do not stop reads; drop the capabilities that bypass them (util-linux setpriv)."""
     if os.geteuid() != 0:
         return []
-    setpriv = shutil.which("setpriv")
-    if setpriv is None:
-        pytest.skip("running as root without setpriv: cannot make a file unreadable")
-    return [setpriv, "--bounding-set", "-dac_override,-dac_read_search"]
+    require("setpriv")
+    return [str(shutil.which("setpriv")), "--bounding-set", "-dac_override,-dac_read_search"]
 
 
 MARKER = "marker-3c1e: a file outside the source root"

@@ -25,7 +25,8 @@ from tests.integration.monitoring import MONITORING, Monitoring, finite, running
 from tests.integration.rl_setup import rl_config
 from tests.tiny_policy import make_policy
 
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_harness")]
+pytestmark = [pytest.mark.integration, pytest.mark.system_tool("prometheus", "pushgateway"),
+              pytest.mark.usefixtures("prefect_harness")]
 DASHBOARDS = sorted((MONITORING / "grafana" / "dashboards").glob("*.json"))
 # Grafana's built-in variables, as a dashboard query gets them (the test's data spans minutes).
 GRAFANA_VARIABLES = {"$__rate_interval": "1m", "$__interval": "15s", "$__range": "1h"}

@@ -12,7 +12,6 @@ from codemill.lineage import mlflow_digest
 from tests.conftest import MlflowServer
 
 pytestmark = pytest.mark.integration
-CHROMIUM = Path("/usr/bin/chromium")
 REPO_ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 
 
@@ -23,7 +22,7 @@ def ui_server(lineage_runs):
     server.stop()
 
 
-@pytest.mark.skipif(not CHROMIUM.exists(), reason="chromium is not installed (apt-get install chromium; .ci/run does)")
+@pytest.mark.system_tool("chromium")
 def test_model_page_shows_dataset_digest_and_eval_metric(lineage_runs, ui_server, tmp_path):
     from playwright.sync_api import expect, sync_playwright
 
@@ -32,7 +31,7 @@ def test_model_page_shows_dataset_digest_and_eval_metric(lineage_runs, ui_server
     digest = mlflow_digest(first["stages"]["ingest"]["ref"]["digest"])
     bpb = first["scores"]["val_bpb"]
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=["--no-sandbox"])
+        browser = p.chromium.launch(executable_path=shutil.which("chromium"), headless=True, args=["--no-sandbox"])
         try:
             page = browser.new_page(viewport={"width": 1600, "height": 1200})
             page.set_default_timeout(60_000)

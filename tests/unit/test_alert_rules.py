@@ -8,11 +8,13 @@ import re
 import subprocess
 from pathlib import Path
 
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 MONITORING = ROOT / "deployments" / "monitoring"
 RULES, RULE_TESTS = MONITORING / "rules.yml", MONITORING / "rules.test.yml"
+promtool = pytest.mark.system_tool("prometheus")
 
 
 def _alerts() -> dict[str, dict]:
@@ -24,11 +26,13 @@ def _promtool(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(["promtool", *args], cwd=MONITORING, capture_output=True, text=True, timeout=120)
 
 
+@promtool
 def test_rules_pass_promtool_check():
     done = _promtool("check", "rules", RULES.name)
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+@promtool
 def test_alert_unit_tests_pass():
     done = _promtool("test", "rules", RULE_TESTS.name)
     assert done.returncode == 0 and "SUCCESS" in done.stdout, done.stdout + done.stderr
