@@ -148,7 +148,9 @@ def _known_failures() -> Iterator[None]:
 
 
 ConfigOpt = Annotated[Path | None, typer.Option(help="Pipeline config YAML (instead of --preset).")]
-SourceOpt = Annotated[list[Path] | None, typer.Option(help="Source folder(s); repeatable.")]
+SourceOpt = Annotated[list[Path] | None, typer.Option(help="Source folder(s), replacing the config's sources; "
+                                                            "each takes every file of a language in "
+                                                            "ingest.languages, less lock files; repeatable.")]
 PresetOpt = Annotated[str | None, typer.Option(help=f"Preset name: {', '.join(preset_names())} "
                                                    f"(default: {DEFAULT_PRESET}).")]
 StoreOpt = Annotated[str | None, typer.Option(help="Artifact store root (path or fsspec URL).")]
@@ -224,7 +226,8 @@ def calibrate(config: ConfigOpt = None, source: SourceOpt = None, preset: Preset
 @app.command()
 def plan(config: ConfigOpt = None, source: SourceOpt = None, preset: PresetOpt = None, store: StoreOpt = None,
          until: UntilOpt = "evaluate", as_json: AsJson = False) -> None:
-    """Dry run: every stage with its digest, where its artifact lives, and whether it would run or be skipped.
+    """Dry run: the files of each source by language, then every stage with its digest, where its artifact
+    lives, and whether it would run or be skipped.
 
     Reads the sources (to fingerprint them) and the store; writes nothing, starts no MLflow run and needs no
     Prefect server."""
@@ -241,6 +244,7 @@ def plan(config: ConfigOpt = None, source: SourceOpt = None, preset: PresetOpt =
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
+    _print_sources(cfg)
     table = Table(title=f"codemill plan (store {cfg.store_root}, until {until})")
     for col in ("step", "digest", "action", "artifact"):
         table.add_column(col, overflow="fold")
@@ -251,6 +255,18 @@ def plan(config: ConfigOpt = None, source: SourceOpt = None, preset: PresetOpt =
         console.print(f"then: gate against {cfg.gate.registered_model or cfg.name}@{cfg.gate.alias} "
                       "(the champion is looked up when the run gets there)")
     _print_preflight(cfg, until)
+
+
+def _print_sources(cfg: PipelineConfig) -> None:
+    """Per source, the files the ingest will read by language, and what its walk leaves out."""
+    from rich.text import Text
+
+    from codemill.data.survey import survey_lines, survey_source
+
+    console.print("sources (the files the ingest reads, by language):")
+    for src in cfg.ingest.sources:
+        for line in survey_lines(survey_source(src, cfg.ingest.languages)):
+            console.print(Text(line))
 
 
 def _print_preflight(cfg: PipelineConfig, until: str) -> None:

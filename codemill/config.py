@@ -50,7 +50,13 @@ def _digestable(value: Any) -> Any:
     return value
 
 
-DEFAULT_EXCLUDES = ["site-packages/**", "test/**", "**/__pycache__/**", "idlelib/idle_test/**"]
+# Files a folder source skips unless its `exclude` says otherwise: lock files, which are generated. Minified
+# code and generated files are not excluded by name: the filters reject them and record why.
+DEFAULT_EXCLUDES = ["**/*.lock", "**/package-lock.json", "**/npm-shrinkwrap.json", "**/pnpm-lock.yaml",
+                    "**/go.sum"]
+# The stdlib source (a folder source with an empty path) takes its Python modules, without its test suites.
+STDLIB_INCLUDE = ["**/*.py"]
+STDLIB_EXCLUDES = ["site-packages/**", "test/**", "**/__pycache__/**", "idlelib/idle_test/**"]
 # Folders never ingested from a folder source, matched against any path component (documented in README):
 # version control, vendored dependencies, build output, caches. A folder holding `pyvenv.cfg` (a virtualenv)
 # is skipped too.
@@ -80,8 +86,13 @@ class SourceConfig(StageConfig):
     path: str | None = Field(None, description="Folder, file/glob/URL, or dataset; empty = this Python's stdlib.")
     repo: str | None = Field(None, description="Repository name for rows without a repo column; default: the "
                                                "folder or file name.")
-    include: list[str] = Field(["**/*.py"], description="Folder sources: glob patterns of files to take.")
-    exclude: list[str] = Field(DEFAULT_EXCLUDES, description="Folder sources: glob patterns to skip.")
+    include: list[str] | None = Field(None, description="Folder sources: glob patterns of files to take; empty "
+                                                        "= every file whose extension is in `ingest.languages`. "
+                                                        "The stdlib source (empty path) defaults to `**/*.py`.")
+    exclude: list[str] = Field(DEFAULT_EXCLUDES, description="Folder sources: glob patterns of files (or, ending "
+                                                             "in `/**`, folders) to skip; by default lock files. "
+                                                             "The stdlib source (empty path) defaults to its "
+                                                             "test folders and site-packages instead.")
     skip_dirs: list[str] = Field(DEFAULT_SKIP_DIRS, description="Folder sources: folder names never entered "
                                                                 "(VCS, vendored, build output, caches).")
     follow_external_symlinks: bool = Field(False, description="Folder sources: read file symlinks whose target "
@@ -97,6 +108,21 @@ class SourceConfig(StageConfig):
     storage_options: dict[str, Any] = runtime_only(
         default_factory=dict, description="fsspec options for URLs (e.g. S3 endpoint_url, key, secret); "
                                           "prefer environment credentials.")
+
+    @property
+    def is_stdlib(self) -> bool:
+        return self.kind == "folder" and not self.path
+
+    @model_validator(mode="after")
+    def _stdlib_defaults(self) -> SourceConfig:
+        """The stdlib source's own defaults, written into the config (and so into the digest) rather than
+        implied: an `include` or `exclude` the config does not set takes STDLIB_INCLUDE / STDLIB_EXCLUDES."""
+        if self.is_stdlib:
+            if "include" not in self.model_fields_set:
+                self.include = list(STDLIB_INCLUDE)
+            if "exclude" not in self.model_fields_set:
+                self.exclude = list(STDLIB_EXCLUDES)
+        return self
 
 
 class FilterConfig(StageConfig):

@@ -17,7 +17,7 @@ import os
 import re
 import stat
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -27,6 +27,9 @@ VCS_DIRS = frozenset({".git", ".hg", ".svn"})  # never corpus content, whatever 
 FOLDER_REASONS = ("unreadable", "unreadable_dir", "symlinked_dir_not_followed", "symlink_outside_root",
                   "symlink_into_vcs_dir", "symlink_loop", "broken_symlink", "not_regular_file", "too_large", "empty",
                   "binary", "invalid_utf8")
+# What a walk passes over, by design rather than failure: a folder in skip_dirs (or a VCS folder or a virtualenv),
+# a folder or file an exclude pattern names, a file the include patterns (or the language table) do not take.
+WALK_REASONS = ("skipped_dir", "excluded_dir", "excluded", "not_included")
 
 
 @lru_cache(maxsize=256)
@@ -52,14 +55,36 @@ def glob_regex(pattern: str) -> re.Pattern[str]:
     return re.compile("".join(out) + r"\Z")
 
 
-def matches_any(relpath: str, patterns: list[str]) -> bool:
+def matches_any(relpath: str, patterns: Sequence[str]) -> bool:
     return any(glob_regex(p).match(relpath) for p in patterns)
 
 
-def dir_excluded(reldir: str, patterns: list[str]) -> bool:
+def dir_excluded(reldir: str, patterns: Sequence[str]) -> bool:
     """A folder is pruned when everything under it is excluded (``dir/**`` style patterns)."""
     probe = f"{reldir}/\0probe"
     return any(p.endswith("/**") and glob_regex(p).match(probe) for p in patterns)
+
+
+def file_extension(relpath: str) -> str:
+    """The lower-cased extension the language table is keyed by: the file name's last ``.xxx``, '' if none.
+    The same rule as ``filters.language_expr``, which names the language of each row the ingest reads."""
+    name = relpath.rsplit("/", 1)[-1]
+    dot = name.rfind(".")
+    return name[dot:].lower() if 0 <= dot < len(name) - 1 else ""
+
+
+@dataclass(frozen=True)
+class FolderRules:
+    """What a folder walk takes: the files ``include`` matches (when empty: those whose extension is one of
+    ``extensions``), less those ``exclude`` matches, never entering the folders ``skip_dirs`` names."""
+
+    include: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+    skip_dirs: tuple[str, ...] = ()
+    extensions: Collection[str] = frozenset()
+
+    def includes(self, relpath: str) -> bool:
+        return matches_any(relpath, self.include) if self.include else file_extension(relpath) in self.extensions
 
 
 class SourceNotFoundError(FileNotFoundError):
@@ -85,18 +110,22 @@ def check_source_root(root: str | Path) -> Path:
     return p
 
 
-def skipped_dir(name: str, abspath: str, skip_dirs: list[str]) -> bool:
+def skipped_dir(name: str, abspath: str, skip_dirs: Sequence[str]) -> bool:
     """VCS folders always; then the configured names (globs allowed) and virtualenvs (``pyvenv.cfg``)."""
     if name in VCS_DIRS or any(fnmatch.fnmatchcase(name, pat) for pat in skip_dirs):
         return True
     return bool(skip_dirs) and os.path.isfile(os.path.join(abspath, "pyvenv.cfg"))
 
 
-def iter_candidates(root: Path, include: list[str], exclude: list[str],
-                    on_error: Rejections | None = None,
-                    skip_dirs: list[str] | None = None) -> Iterator[str]:
-    """Relative (POSIX) paths of files matching include and not exclude, in sorted order."""
-    skip = list(skip_dirs or [])
+def iter_candidates(root: Path, rules: FolderRules, on_error: Rejections | None = None,
+                    passed_over: Rejections | None = None) -> Iterator[str]:
+    """Relative (POSIX) paths of the files ``rules`` take, in sorted order: the one walk of a folder source,
+    shared by the ingest, its fingerprint and ``codemill plan``. ``on_error`` gets the entries that could not
+    be walked; ``passed_over`` the folders and files the rules leave out, under ``WALK_REASONS``."""
+    def passed(relpath: str, reason: str) -> None:
+        if passed_over is not None:
+            passed_over.reject(relpath, reason)
+
     def onerror(exc: OSError) -> None:
         if on_error is not None and exc.filename:
             rel = os.path.relpath(exc.filename, root)
@@ -113,12 +142,20 @@ def iter_candidates(root: Path, include: list[str], exclude: list[str],
                 if on_error is not None:
                     on_error.reject(rel, "symlinked_dir_not_followed")
                 continue
-            if not skipped_dir(d, os.path.join(dirpath, d), skip) and not dir_excluded(rel, exclude):
+            if skipped_dir(d, os.path.join(dirpath, d), rules.skip_dirs):
+                passed(rel, "skipped_dir")
+            elif dir_excluded(rel, rules.exclude):
+                passed(rel, "excluded_dir")
+            else:
                 kept.append(d)
         dirnames[:] = kept
         for name in sorted(filenames):
             rel = f"{reldir}/{name}" if reldir else name
-            if matches_any(rel, include) and not matches_any(rel, exclude):
+            if matches_any(rel, rules.exclude):
+                passed(rel, "excluded")
+            elif not rules.includes(rel):
+                passed(rel, "not_included")
+            else:
                 yield rel
 
 
@@ -242,8 +279,7 @@ def git_commit(root: str | Path) -> str | None:
     return lines[1] if len(lines[1]) in (40, 64) else None
 
 
-def fingerprint_source(root: str | Path, include: list[str], exclude: list[str], skip_dirs: list[str] | None = None,
-                       follow_external: bool = False) -> tuple[str, int]:
+def fingerprint_source(root: str | Path, rules: FolderRules, follow_external: bool = False) -> tuple[str, int]:
     """sha256 over (relative path, content hash) of every candidate file: the source's content identity.
 
     Touching a file does not change it; editing, adding or removing one does. Unreadable entries enter by
@@ -254,7 +290,7 @@ def fingerprint_source(root: str | Path, include: list[str], exclude: list[str],
     real_root = os.path.realpath(root_path)
     h = hashlib.sha256()
     n = 0
-    for rel in iter_candidates(root_path, include, exclude, skip_dirs=skip_dirs):
+    for rel in iter_candidates(root_path, rules):
         n += 1
         got = open_source_file(real_root, rel, follow_external)
         if isinstance(got, str):

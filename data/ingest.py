@@ -157,7 +157,7 @@ def thread_mapper(workers: int) -> ChunkMapper:
 
 def fingerprint_sources(cfg: IngestConfig) -> list[dict]:
     """Per source: location, repo and content fingerprint. Fails at once, naming the source, if unreadable."""
-    return [{**source_fingerprint(s), "repo": default_repo(s), "kind": s.kind} for s in cfg.sources]
+    return [{**source_fingerprint(s, cfg.languages), "repo": default_repo(s), "kind": s.kind} for s in cfg.sources]
 
 
 def run_ingest(cfg: IngestConfig, out_dir: Path, cache: ChunkCache | None = None,
@@ -185,7 +185,7 @@ def _run(cfg: IngestConfig, out_dir: Path, cache: ChunkCache, say: Callable[[str
     def specs() -> Iterator[ChunkSpec]:  # chunks go to the workers while the sources are still walked
         for i, src in enumerate(cfg.sources):
             say(f"chunks: planning source {i}: {src.kind} {src.path or 'stdlib'}")
-            yield from iter_chunks(i, src, cfg.chunk_files)
+            yield from iter_chunks(i, src, cfg.chunk_files, cfg.languages)
 
     results = list(mapper(partial(work_chunk, proc=proc, cache=cache), specs()))
     say(f"chunks: {len(results)} processed")

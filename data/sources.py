@@ -19,16 +19,17 @@ import json
 import os
 import sys
 import sysconfig
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import polars as pl
 
-from codemill.config import SourceConfig, SourceKind
+from codemill.config import DEFAULT_LANGUAGES, SourceConfig, SourceKind
 from codemill.data.folder_source import (
     FOLDER_REASONS,
+    FolderRules,
     Rejections,
     check_source_root,
     decode_source,
@@ -131,11 +132,19 @@ def folder_root(src: SourceConfig) -> str:
     return str(check_source_root(Path(src.path).expanduser() if src.path else stdlib_root()).resolve())
 
 
-def plan_chunks(index: int, src: SourceConfig, chunk_files: int) -> list[ChunkSpec]:
-    return list(iter_chunks(index, src, chunk_files))
+def folder_rules(src: SourceConfig, languages: Mapping[str, str]) -> FolderRules:
+    """The walk rules of a folder source; without include patterns it takes the extensions of ``languages``
+    (the ingest's language table), so every file it takes gets a language."""
+    return FolderRules(tuple(src.include or ()), tuple(src.exclude), tuple(src.skip_dirs), frozenset(languages))
 
 
-def iter_chunks(index: int, src: SourceConfig, chunk_files: int) -> Iterator[ChunkSpec]:
+def plan_chunks(index: int, src: SourceConfig, chunk_files: int,
+                languages: Mapping[str, str] = DEFAULT_LANGUAGES) -> list[ChunkSpec]:
+    return list(iter_chunks(index, src, chunk_files, languages))
+
+
+def iter_chunks(index: int, src: SourceConfig, chunk_files: int,
+                languages: Mapping[str, str] = DEFAULT_LANGUAGES) -> Iterator[ChunkSpec]:
     """``plan_chunks`` as the folder walk goes: each chunk as soon as its cut point is reached, so its work
     can start while the rest of the tree is walked (the same chunks, in the same order)."""
     repo = default_repo(src)
@@ -143,8 +152,7 @@ def iter_chunks(index: int, src: SourceConfig, chunk_files: int) -> Iterator[Chu
         root = folder_root(src)
         commit = git_commit(root)
         walk = Rejections()
-        rels = iter_candidates(Path(root), list(src.include), list(src.exclude), on_error=walk,
-                               skip_dirs=list(src.skip_dirs))
+        rels = iter_candidates(Path(root), folder_rules(src, languages), on_error=walk)
         opts = {"follow_external_symlinks": src.follow_external_symlinks}
         for c in _cut_points(rels, chunk_files):
             yield ChunkSpec(index, "folder", root, repo, tuple(c), commit, opts)
@@ -378,12 +386,11 @@ def _str_column(frame: pl.DataFrame, name: str | None, fallback: list[str]) -> l
     return [v if v else f for v, f in zip(vals, fallback, strict=True)]
 
 
-def source_fingerprint(src: SourceConfig) -> dict[str, Any]:
+def source_fingerprint(src: SourceConfig, languages: Mapping[str, str] = DEFAULT_LANGUAGES) -> dict[str, Any]:
     """What identifies a source's content, cheaply: file hashes (folder), ETag/size (URLs), dataset hash (HF)."""
     if src.kind == "folder":
         root = folder_root(src)
-        digest, n = fingerprint_source(root, list(src.include), list(src.exclude), list(src.skip_dirs),
-                                       src.follow_external_symlinks)
+        digest, n = fingerprint_source(root, folder_rules(src, languages), src.follow_external_symlinks)
         return {"root": root, "fingerprint": digest, "files": n, "commit": git_commit(root)}
     if src.kind in ("parquet", "jsonl"):
         h = hashlib.sha256()

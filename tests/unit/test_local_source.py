@@ -8,14 +8,18 @@ import pytest
 from codemill.config import DEFAULT_LANGUAGES, SourceConfig
 from codemill.data.filters import language_expr
 from codemill.data.folder_source import (
+    FolderRules,
     SourceNotFoundError,
     decode_source,
     dir_excluded,
+    file_extension,
     fingerprint_source,
     git_commit,
     matches_any,
 )
 from codemill.data.sources import plan_chunks, read_chunk
+
+PY = FolderRules(include=("**/*.py",))
 
 
 def scan(root, include=("**/*.py",), max_bytes=10**6, **kw):
@@ -52,12 +56,21 @@ def test_language_by_extension():
     assert langs == ["python", "rust", "unknown"]
 
 
+@pytest.mark.parametrize("path", ["a/b.py", "X.RS", "x.zz", "Makefile", "a.b/c", ".bashrc", "dir/.py", "x.",
+                                  "a..ts", "v1.2/x.Tsx", "ä.PY"])
+def test_the_walk_reads_extensions_as_the_language_column_does(path):
+    """A folder source without include patterns takes the files ``language_expr`` will name a language."""
+    lang = pl.DataFrame({"path": [path]}).select(language_expr(pl.col("path"), DEFAULT_LANGUAGES))["path"][0]
+    assert (file_extension(path) in DEFAULT_LANGUAGES) is (lang != "unknown")
+    assert DEFAULT_LANGUAGES.get(file_extension(path), "unknown") == lang
+
+
 def test_missing_root_fails_naming_the_path(tmp_path):
     with pytest.raises(SourceNotFoundError, match=str(tmp_path / "nope")):
         scan(tmp_path / "nope")
     (tmp_path / "f.py").write_text("x")
     with pytest.raises(SourceNotFoundError, match="not a directory"):
-        fingerprint_source(tmp_path / "f.py", ["**/*.py"], [])
+        fingerprint_source(tmp_path / "f.py", PY)
 
 
 def test_scan_counts_rejections_and_keeps_good_files(tmp_path):
@@ -103,11 +116,11 @@ def test_chunks_are_cut_by_path_so_one_new_file_changes_one_chunk(tmp_path):
 def test_fingerprint_tracks_content_not_mtime(tmp_path):
     f = tmp_path / "a.py"
     f.write_text("x = 1\n")
-    d1, n = fingerprint_source(tmp_path, ["**/*.py"], [])
+    d1, n = fingerprint_source(tmp_path, PY)
     os.utime(f, (1, 1))
-    assert fingerprint_source(tmp_path, ["**/*.py"], [])[0] == d1 and n == 1
+    assert fingerprint_source(tmp_path, PY)[0] == d1 and n == 1
     f.write_text("x = 2\n")
-    assert fingerprint_source(tmp_path, ["**/*.py"], [])[0] != d1
+    assert fingerprint_source(tmp_path, PY)[0] != d1
 
 
 def test_git_repository_records_commit_and_skips_vcs_dirs(tmp_path):
@@ -153,9 +166,9 @@ def test_file_link_leading_out_of_the_root_is_refused_unless_allowed(tmp_path):
         "abs_link.py": "symlink_outside_root", "pkg/chained.py": "symlink_outside_root", "pkg/good.py": None,
         "pkg/rel_link.py": "symlink_outside_root"}
     assert not any(MARKER in c for c in res["content"].drop_nulls())
-    before = fingerprint_source(root, ["**/*.py"], [])
+    before = fingerprint_source(root, PY)
     secret.write_text("TOKEN = 'changed'\n")
-    assert fingerprint_source(root, ["**/*.py"], []) == before  # the fingerprint does not read it either
+    assert fingerprint_source(root, PY) == before  # the fingerprint does not read it either
     secret.write_text(f"TOKEN = {MARKER!r}\n")
     allowed = scan(root, follow_external_symlinks=True)
     assert allowed["reason"].null_count() == 4 and allowed.filter(pl.col("path") == "abs_link.py")["content"][0] == \
