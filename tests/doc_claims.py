@@ -20,7 +20,9 @@ Two kinds of claim are read from markdown:
   one that is not the tail of any path is some other dotted name (a manifest key) and is left alone. Single names
   (``max_turns``) are context-dependent and not checked, nor are file names (``augment.py``,
   ``problems.parquet``: the last segment a file suffix). ``yaml`` code blocks whose top-level keys include a
-  ``PipelineConfig`` field are configs: every key in them must resolve.
+  ``PipelineConfig`` field are configs: every key in them must resolve. A YAML mapping that selects a member of a
+  union by its discriminator (``kind: repo``, ``name: rft``) is checked against that member alone; one whose
+  discriminator names no member of the code (the new kind of a how-to that adds one) is not checked.
 
 ``ALLOWED`` lists the few dotted names that start at a top-level field but are not config keys.
 
@@ -36,7 +38,7 @@ import types
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Union, get_args, get_origin
+from typing import Any, Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel
@@ -57,7 +59,9 @@ ITEM = re.compile(r"\[[^\]]*\]")
 FILE_SUFFIXES = {"cfg", "gz", "ini", "json", "jsonl", "md", "npy", "parquet", "png", "py", "sh", "toml", "txt",
                  "yaml", "yml"}
 ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
-PLACEHOLDER = re.compile(r"<[A-Za-z][\w.-]*>")  # <id>, <model-id>, <command>
+PLACEHOLDER = re.compile(r"<[A-Za-z][\w .-]*>")  # <id>, <model-id>, <digest or run id>
+HIDE = str.maketrans("<> ", "\x01\x02\x03")  # a placeholder's brackets and spaces, hidden from the shell lexer
+SHOW = str.maketrans("\x01\x02\x03", "<> ")
 
 
 @dataclass(frozen=True)
@@ -133,12 +137,12 @@ def is_placeholder(token: str) -> bool:
 def _words(text: str) -> list[str] | None:
     """Shell words, with operators (``&&``, ``|``, ``>``) as words of their own; a placeholder such as
     ``<id>`` stays one word, as a reader means it."""
-    text = PLACEHOLDER.sub(lambda m: m.group(0).replace("<", "\x01").replace(">", "\x02"), text)
+    text = PLACEHOLDER.sub(lambda m: m.group(0).translate(HIDE), text)
     lexer = shlex.shlex(text, posix=True, punctuation_chars=True)
     lexer.whitespace_split = True
     lexer.commenters = "#"
     try:
-        return [w.replace("\x01", "<").replace("\x02", ">") for w in lexer]
+        return [w.translate(SHOW) for w in lexer]
     except ValueError:  # an unbalanced quote: output or prose in a text block, not a command
         return None
 
@@ -317,7 +321,8 @@ class ConfigPaths:
                 node = yaml.compose(m["value"])
             except yaml.YAMLError:
                 return []
-            return [message for _, message in self._walk(node, ITEM.sub("", path).split("."))]
+            segments = ITEM.sub("", path).split(".")
+            return [message for _, message in self._walk(node, segments, self._models_at(segments))]
         return []
 
     def check_yaml(self, text: str) -> list[tuple[int, str]]:
@@ -333,30 +338,58 @@ class ConfigPaths:
             return []
         return list(self._walk(node, []))
 
-    def _walk(self, node: yaml.Node, prefix: list[str]) -> Iterator[tuple[int, str]]:
+    def _walk(self, node: yaml.Node, prefix: list[str],
+              models: list[type[BaseModel]] | None = None) -> Iterator[tuple[int, str]]:
+        """The keys of ``node`` (the value at ``prefix``, one of ``models``) that are no field."""
+        models = [self.root] if models is None else models
         if isinstance(node, yaml.SequenceNode):
             for item in node.value:
-                yield from self._walk(item, prefix)
+                yield from self._walk(item, prefix, models)
             return
         if not isinstance(node, yaml.MappingNode):
             return
+        chosen = _chosen_members(node, models)
+        if not chosen:
+            return  # a union member the code does not have (a how-to's new kind): its keys are unknown here
         for key, value in node.value:
-            path = [*prefix, str(key.value)]
-            if not resolves([self.root], path):
+            name, path = str(key.value), [*prefix, str(key.value)]
+            infos = [m.model_fields[name] for m in chosen if name in m.model_fields]
+            if not infos:
                 dotted = ".".join(path)
-                yield key.start_mark.line, f"config key {dotted!r} does not exist{self.nearest(dotted)}"
+                if any(name in m.model_fields for m in models):  # a field of another member of the union
+                    members = " or ".join(m.__name__ for m in chosen)
+                    yield key.start_mark.line, f"config key {dotted!r} is not a field of {members}, the form chosen"
+                else:
+                    yield key.start_mark.line, f"config key {dotted!r} does not exist{self.nearest(dotted)}"
                 continue
-            if not self._open(path):
-                yield from self._walk(value, path)
+            below = [m for info in infos for _, m in nested_models(info.annotation)]
+            if below:
+                yield from self._walk(value, path, below)
 
-    def _open(self, path: list[str]) -> bool:
-        """Whether ``path`` is a leaf that takes any key below (its YAML value is data, not fields)."""
+    def _models_at(self, path: list[str]) -> list[type[BaseModel]]:
+        """The config models a (valid) path holds: several for a union, none for a leaf."""
         models: list[type[BaseModel]] = [self.root]
-        for segment in path[:-1]:
+        for segment in path:
             models = [m for model in models if segment in model.model_fields
                       for _, m in nested_models(model.model_fields[segment].annotation)]
-        infos = [model.model_fields[path[-1]] for model in models if path[-1] in model.model_fields]
-        return any(not nested_models(i.annotation) for i in infos)
+        return models
+
+
+def _literal_values(model: type[BaseModel], name: str) -> tuple[Any, ...]:
+    info = model.model_fields.get(name)
+    t = _strip_annotated(info.annotation) if info else None
+    return get_args(t) if get_origin(t) is Literal else ()
+
+
+def _chosen_members(node: yaml.MappingNode, models: list[type[BaseModel]]) -> list[type[BaseModel]]:
+    """The members of a union of models that a YAML mapping selects by its discriminator (a ``Literal`` field
+    every member has, such as ``kind`` or ``name``); all of them when it names none or there is no union."""
+    if len(models) < 2:
+        return models
+    for key, value in node.value:
+        if isinstance(value, yaml.ScalarNode) and all(_literal_values(m, str(key.value)) for m in models):
+            return [m for m in models if value.value in _literal_values(m, str(key.value))]
+    return models
 
 
 # --- files ---------------------------------------------------------------------------------------------------

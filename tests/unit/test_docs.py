@@ -101,7 +101,7 @@ def test_a_span_that_is_not_a_command_is_not_read_as_one():
 
 def test_config_keys_must_exist_and_be_written_in_full(root, config):
     page = "\n".join([
-        "Lower `rollout.workers` or `train.max_stepz`; set `rl.env: {kind: repo, max_turn: 3}`.",  # 1
+        "Lower `rollout.workers` or `train.max_stepz`; set `rl.env: {kind: repo, visible_cases: 3}`.",  # 1
         "",                                                                                        # 2
         "```yaml",                                                                                 # 3
         "train:",                                                                                  # 4
@@ -119,7 +119,7 @@ def test_config_keys_must_exist_and_be_written_in_full(root, config):
         "'ingest.sources.content_column'?",
         "page.md:1: config key 'rollout.workers' is not a full path: write 'rl.rollout.workers'",
         "page.md:1: config key 'train.max_stepz' does not exist; did you mean 'train.max_steps'?",
-        "page.md:1: config key 'rl.env.max_turn' does not exist; did you mean 'rl.env.max_turns'?",
+        "page.md:1: config key 'rl.env.visible_cases' is not a field of RepoEnvConfig, the form chosen",
     ]
 
 
@@ -135,5 +135,13 @@ def test_valid_paths_unions_lists_and_other_dotted_names_pass(root, config):
         "apiVersion: v1",
         "kind: Service",
         "```",
+        "",
+        "```yaml",
+        "rl:",
+        "  env: {kind: concise, penalty: 0.002}   # a kind a how-to adds: not in the code",
+        "  algorithm: {name: rft, max_steps: 50}",
+        "```",
+        "",
+        "`codemill lineage <digest or run id>`",
     ])
     assert _problems(page, root, config) == []
