@@ -59,9 +59,9 @@ ITEM = re.compile(r"\[[^\]]*\]")
 FILE_SUFFIXES = {"cfg", "gz", "ini", "json", "jsonl", "md", "npy", "parquet", "png", "py", "sh", "toml", "txt",
                  "yaml", "yml"}
 ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
-PLACEHOLDER = re.compile(r"<[A-Za-z][\w .-]*>")  # <id>, <model-id>, <digest or run id>
-HIDE = str.maketrans("<> ", "\x01\x02\x03")  # a placeholder's brackets and spaces, hidden from the shell lexer
-SHOW = str.maketrans("\x01\x02\x03", "<> ")
+PLACEHOLDER = re.compile(r"<[A-Za-z][\w .'/-]*>")  # <id>, <model-id>, <digest or run id>
+HIDE = str.maketrans("<> '\"", "\x01\x02\x03\x04\x05")  # a placeholder's brackets, spaces and quotes
+SHOW = str.maketrans("\x01\x02\x03\x04\x05", "<> '\"")
 
 
 @dataclass(frozen=True)
@@ -134,7 +134,7 @@ def is_placeholder(token: str) -> bool:
             or (token.isupper() and token.isalpha()))
 
 
-def _words(text: str) -> list[str] | None:
+def _words(text: str) -> list[str]:
     """Shell words, with operators (``&&``, ``|``, ``>``) as words of their own; a placeholder such as
     ``<id>`` stays one word, as a reader means it."""
     text = PLACEHOLDER.sub(lambda m: m.group(0).translate(HIDE), text)
@@ -143,8 +143,8 @@ def _words(text: str) -> list[str] | None:
     lexer.commenters = "#"
     try:
         return [w.translate(SHOW) for w in lexer]
-    except ValueError:  # an unbalanced quote: output or prose in a text block, not a command
-        return None
+    except ValueError:  # an unbalanced quote (output or prose in a text block): plain words
+        return text.split()
 
 
 def _is_codemill(word: str) -> bool:
@@ -170,7 +170,7 @@ def commands_in_block(text: str, shell: bool = True) -> Iterator[tuple[int, list
         words = _words(stripped[2:] if stripped.startswith("$ ") else stripped)
         segment: list[str] = []
         redirect, first = False, True
-        for word in [*(words or []), ";"]:
+        for word in [*words, ";"]:
             if redirect:  # the file of a redirection
                 redirect = False
             elif _operator(word) and ("<" in word or ">" in word):

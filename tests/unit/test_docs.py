@@ -60,24 +60,28 @@ def test_unknown_commands_options_and_extra_arguments_are_named_with_the_nearest
         "codemill run --json \\",                                 # 5
         "    --until train   # a comment --not-an-option",        # 6
         "FOO=1 codemill plan && codemill evaluate m-0123abcd... --suitee humaneval",  # 7
-        "```",                                                    # 8
-        "",                                                       # 9
-        "Then `codemill repo-tasks grde` and `codemill compare a b c`.",  # 10
+        "codemill plan --jsn \"an unclosed quote",               # 8
+        "```",                                                    # 9
+        "",                                                       # 10
+        "Then `codemill repo-tasks grde` and `codemill compare a b c`.",  # 11
     ])
     assert _problems(page, root, config) == [
         "page.md:4: codemill nightly: codemill has no command 'nightly'; known: " + ", ".join(sorted(root.commands)),
-        "page.md:5: codemill run --json --until train: codemill run has no option '--json'; known: --config, --help, "
-        "--preset, --source, --store, --until",
+        "page.md:5: codemill run --json --until train: codemill run has no option '--json'; known: "
+        + ", ".join(sorted([*(o for p in root.commands["run"].params for o in p.opts), "--help"])),
         "page.md:7: codemill evaluate m-0123abcd... --suitee humaneval: codemill evaluate has no option '--suitee'; "
         "did you mean '--suite'?",
-        "page.md:10: codemill repo-tasks grde: codemill repo-tasks has no command 'grde'; did you mean 'grade'?",
-        "page.md:10: codemill compare a b c: codemill compare takes 2 argument(s); 'c' is one too many",
+        "page.md:8: codemill plan --jsn \"an unclosed quote: codemill plan has no option '--jsn'; did you mean "
+        "'--json'?",
+        "page.md:11: codemill repo-tasks grde: codemill repo-tasks has no command 'grde'; did you mean 'grade'?",
+        "page.md:11: codemill compare a b c: codemill compare takes 2 argument(s); 'c' is one too many",
     ]
 
 
 def test_placeholders_values_and_prose_in_output_are_not_claims(root, config):
     page = "\n".join([
         "`codemill --debug <command> ...`, `codemill lineage <model-id>`, `codemill run --source DIR`,",
+        "`codemill trajectory <rollouts> --tokenizer <the policy's hf/>`,",
         "`codemill calibrate --seeds N --from-champion`, `codemill\nserve --config=my.yaml`.",
         "",
         "```text",
