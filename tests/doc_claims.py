@@ -321,6 +321,8 @@ class ConfigPaths:
                 node = yaml.compose(m["value"])
             except yaml.YAMLError:
                 return []
+            if node is None:
+                return []
             segments = ITEM.sub("", path).split(".")
             return [message for _, message in self._walk(node, segments, self._models_at(segments))]
         return []
