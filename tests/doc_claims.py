@@ -6,7 +6,8 @@ Two kinds of claim are read from markdown:
   blocks and in inline code spans. In a block, a command is a shell simple command whose program is ``codemill``
   (or a path ending in ``/codemill``): at the start of a line (after an optional ``$`` prompt and ``NAME=value``
   assignments) or after ``&&``, ``||``, ``;``, ``|``. Lines ending in ``\\`` continue, and ``#`` starts a comment.
-  A code span is a command when its text starts with ``codemill``. Each command is walked against the click
+  A ``text`` block also holds output and prose, so there only a line that starts with a command counts. A code
+  span is a command when its text starts with ``codemill``. Each command is walked against the click
   command that typer builds from ``codemill.cli:app``: every subcommand must exist, every option must exist on
   the command it is given to (``--opt=value`` included), and no command takes more positional arguments than it
   declares. Placeholders are not checked: ``<id>``, ``[OPTIONS]``, ``...``, upper-case words such as ``COMMAND``,
