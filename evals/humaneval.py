@@ -38,6 +38,8 @@ class SampleResult:
     error: str
     duration_s: float
     suspicious: str | None = None
+    waited_s: float = 0.0  # time the machine's load made it wait for a CPU, not counted against its wall clock
+    retried: bool = False  # judged again, alone, after the load held it back to the clock's backstop
 
     @property
     def passed(self) -> bool:
@@ -70,7 +72,7 @@ def execute(problems: dict[str, ExecProblem], samples: Iterable[dict], pool: Jud
     samples = list(samples)
     batch = score(problems, [(s["task_id"], s["completion"]) for s in samples], pool, on_done)
     return [SampleResult(r.problem_id, r.sample_idx, s["completion"], r.outcome, r.error, r.duration_s,
-                         r.suspicious)
+                         r.suspicious, r.waited_s, r.retried)
             for s, r in zip(samples, batch.rewards, strict=True)]
 
 

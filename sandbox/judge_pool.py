@@ -10,6 +10,11 @@ memory, exited), never turns one into a pass.
 Process reuse keeps samples apart: each sample runs in a fresh fork of each server, and a server answers
 "done" only after it has killed the sample's leftovers and emptied the writable folders, before the next
 sample starts. A server that dies or hangs is replaced with a fresh sandbox.
+
+The wall clock of a sample counts its own time, not the time the machine's load made its candidate and judge
+processes wait for a CPU (``clock.LoadClock``), so a correct but slow-ish sample on a busy machine is not judged
+timed out. A sample the load held back to the clock's hard backstop is judged once more at the end of the batch,
+with nothing else of the pool running, and that verdict counts (``Judged.retried``).
 """
 
 from __future__ import annotations
@@ -19,14 +24,16 @@ import signal
 import socket
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from codemill import metrics
 from codemill.cpus import usable_cpus
 from codemill.problems.problem import ExecProblem
+from codemill.sandbox.clock import STARVED, TIMED_OUT, LoadClock, wait_readable
 from codemill.sandbox.limits import Limits
-from codemill.sandbox.runner import Outcome, Sandbox, SandboxUnavailable
+from codemill.sandbox.procstat import Usage
+from codemill.sandbox.runner import BACKSTOP_ERROR, Outcome, Sandbox, SandboxUnavailable
 from codemill.sandbox.servers import Server, ServerDied
 from codemill.sandbox.slots import map_on_slots
 from codemill.sandbox.uids import LEASES, NoFreeUid
@@ -47,10 +54,14 @@ class Judged:
     error: str
     duration_s: float
     candidate: dict[str, Any]
+    waited_s: float = 0.0  # time the load made it wait for a CPU, not counted against its wall clock
+    retried: bool = False  # judged a second time, alone, after the load held it back to the backstop
 
     @property
     def suspicious(self) -> str | None:
         """Why this sample deserves a look (None for an ordinary pass or failure)."""
+        if self.kind == STARVED:
+            return STARVED
         if self.outcome is Outcome.TIMED_OUT:
             return "timed_out"
         died = self.candidate.get("ended_by") == "itself" and self.candidate.get("signal") is not None
@@ -166,24 +177,48 @@ class JudgePool:
 
     def judge_all(self, items: Sequence[tuple[ExecProblem, str]],
                   on_done: Callable[[int, int], None] | None = None) -> list[Judged]:
-        """Verdicts in input order; one thread per slot (threads only wait on sockets)."""
+        """Verdicts in input order; one thread per slot (threads only wait on sockets). Samples the load held
+        back to the backstop are judged again afterwards, one at a time, and that second verdict counts."""
         m = metrics.get()
 
         def one(slot: _Slot, item: tuple[ExecProblem, str]) -> Judged:
             m.sandbox_slots_busy.inc()
             try:
                 judged = self._judge(slot, *item)
-                count_verdict(m, judged)
+                if judged.kind != STARVED:
+                    count_verdict(m, judged)
                 return judged
             finally:
                 m.sandbox_slots_busy.dec()
 
-        return map_on_slots(self._slots, self.workers, one, items, on_done)
+        judged = map_on_slots(self._slots, self.workers, one, items, on_done)
+        starved = [i for i, j in enumerate(judged) if j.kind == STARVED]
+        if starved:
+            slot = self._slots.get()
+            try:
+                for i in starved:
+                    judged[i] = replace(self._judge(slot, *items[i]), retried=True)
+                    count_verdict(m, judged[i])
+            finally:
+                self._slots.put(slot)
+        return judged
 
     def _judge(self, slot: _Slot, problem: ExecProblem, completion: str) -> Judged:
         limits = self.limits.per_sample()
         candidate, judge = slot.server("candidate"), slot.server("judge")
+        meters = [candidate.meter, judge.meter]
         t0 = time.monotonic()
+        for meter in meters:
+            if meter is not None:
+                meter.mark()
+
+        def usage() -> Usage | None:  # both sides: the candidate's answers and the judge's tests take turns
+            if candidate.meter is None or judge.meter is None:
+                return None
+            return candidate.meter.read() + judge.meter.read()
+
+        clock = LoadClock.started(self.limits.wall_s + VERDICT_GRACE_S,
+                                  self.limits.backstop_s() + VERDICT_GRACE_S, t0)
         to_judge, to_candidate = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         verdict_host, verdict_judge = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         verdict: dict[str, Any] | None = None
@@ -201,13 +236,14 @@ class JudgePool:
             finally:
                 for s in (to_judge, to_candidate, verdict_judge):
                     s.close()
-            deadline = t0 + self.limits.wall_s + VERDICT_GRACE_S
             try:
-                reply = recv_frame(verdict_host, deadline=deadline)
-                verdict = reply.get("verdict") if isinstance(reply.get("verdict"), dict) else None
-                host_kind = "" if verdict else "no_verdict"
+                host_kind = wait_readable(verdict_host, clock, usage) or ""
+                if not host_kind:
+                    reply = recv_frame(verdict_host, deadline=clock.hard_deadline())
+                    verdict = reply.get("verdict") if isinstance(reply.get("verdict"), dict) else None
+                    host_kind = "" if verdict else "no_verdict"
             except ChannelTimeout:
-                host_kind = "timed_out"
+                host_kind = TIMED_OUT
             except (ChannelClosed, BadData):
                 host_kind = "no_verdict"
         except ServerDied:
@@ -219,7 +255,8 @@ class JudgePool:
         cand_info = self._end(slot, "candidate") if "candidate" in sent else {}
         if "judge" in sent:
             self._end(slot, "judge")
-        return _label(verdict, host_kind, cand_info, round(duration, 4), self.limits.cpu_s)
+        judged = _label(verdict, host_kind, cand_info, round(duration, 4), self.limits.cpu_s)
+        return replace(judged, waited_s=round(clock.credit_s, 4))
 
     def _end(self, slot: _Slot, role: str) -> dict[str, Any]:
         server = slot.servers[role]
@@ -252,8 +289,8 @@ def _label(verdict: dict[str, Any] | None, host_kind: str, cand: dict[str, Any],
                       "the candidate's sandbox server died during the sample", duration, cand)
     if verdict is None:
         kind = host_kind or "no_verdict"
-        outcome = Outcome.TIMED_OUT if kind == "timed_out" else Outcome.FAILED
-        error = "wall-clock limit" if kind == "timed_out" else "the judge wrote no verdict"
+        outcome = Outcome.TIMED_OUT if kind in (TIMED_OUT, STARVED) else Outcome.FAILED
+        error = {TIMED_OUT: "wall-clock limit", STARVED: BACKSTOP_ERROR}.get(kind, "the judge wrote no verdict")
         return Judged(outcome, False, 0.0, kind, error, duration, cand)
     kind = str(verdict.get("kind", "bad_verdict"))
     error = str(verdict.get("error", ""))[:500]

@@ -1,9 +1,10 @@
 """Resource limits of one sandboxed program, applied as rlimits in the child before bubblewrap starts.
 
 Defaults are generous on purpose: a HumanEval check runs in milliseconds, so a 10 s wall clock and 10 s of
-CPU leave two orders of magnitude of headroom for a loaded machine (2 cores running N workers), and a result
-only flips when a program really loops. The reference harness uses 3 s; we keep its semantics (a program
-that does not finish is "timed out") with more margin against load.
+CPU leave two orders of magnitude of headroom, and a result only flips when a program really loops. The
+reference harness uses 3 s; we keep its semantics (a program that does not finish is "timed out"). The wall
+clock counts a program's own time, not the time the machine's load took from it (``clock.LoadClock``), so a
+verdict does not depend on how busy the machine is; ``backstop`` times the wall clock is the hard limit.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ class Limits:
     open_files: int = 64
     processes: int = 32  # per sandbox uid (RLIMIT_NPROC): stops fork bombs
     tmpfs_bytes: int = 64 << 20  # size of the private work dir
+    backstop: float = 10.0  # a program the load holds back may take this many times its wall clock, no more
 
     @classmethod
     def of(cls, section: Any) -> Limits:
@@ -38,6 +40,10 @@ class Limits:
         resource.setrlimit(resource.RLIMIT_NOFILE, (self.open_files, self.open_files))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         resource.setrlimit(resource.RLIMIT_NPROC, (self.processes, self.processes))
+
+    def backstop_s(self, budget_s: float | None = None) -> float:
+        """The hard wall clock of a program whose own budget is ``budget_s`` (``wall_s`` unless given)."""
+        return self.backstop * (self.wall_s if budget_s is None else budget_s)
 
     def per_sample(self) -> dict[str, int]:
         """The limits a server's child sets for one sample (the others it inherits from the server)."""

@@ -27,6 +27,8 @@ class Reward:
     error: str
     duration_s: float
     suspicious: str | None = None  # why the sample deserves a look (timed out, killed, exited, ...), if it does
+    waited_s: float = 0.0  # time the machine's load made it wait for a CPU, not counted against its wall clock
+    retried: bool = False  # judged again, alone, after the load held it back to the backstop (that verdict counts)
 
     @property
     def reward(self) -> float:
@@ -55,7 +57,7 @@ def score(problems: Mapping[str, ExecProblem], samples: Sequence[tuple[str, str]
     suspicious: Counter[str] = Counter()
     for (pid, _), j in zip(samples, judged, strict=True):
         rewards.append(Reward(pid, counter[pid], j.passed, j.partial, str(j.outcome), j.error, j.duration_s,
-                              j.suspicious))
+                              j.suspicious, j.waited_s, j.retried))
         counter[pid] += 1
         if j.suspicious:
             suspicious[j.suspicious] += 1

@@ -1,7 +1,9 @@
 """bubblewrap sandbox: no network, read-only system, private tmpfs work dir, own PID namespace, cleared env.
 
 Layers, outermost first:
-1. A wall clock in the parent that SIGKILLs the whole process group (bwrap runs in its own session).
+1. A wall clock in the parent that SIGKILLs the whole process group (bwrap runs in its own session). It counts
+   the program's own time, not the time the machine's load made it wait for a CPU (``clock.LoadClock``), up to a
+   hard backstop.
 2. rlimits (CPU, address space, file size, open files, processes, no core dumps) set before exec.
 3. bwrap: new pid/net/ipc/uts/cgroup (and, unprivileged, user) namespaces, ``--die-with-parent``, ``--new-session``,
    ``--clearenv``, all capabilities dropped, only the system and interpreter directories bound read-only,
@@ -33,7 +35,9 @@ from pathlib import Path
 
 from codemill.sandbox import binary
 from codemill.sandbox.binary import Bwrap, SandboxUnavailable
+from codemill.sandbox.clock import STARVED, LoadClock
 from codemill.sandbox.limits import Limits
+from codemill.sandbox.procstat import Meter
 from codemill.sandbox.uids import LEASES
 
 OUTPUT_TAIL = 4000
@@ -53,6 +57,7 @@ class ExecResult:
     error: str
     duration_s: float
     stdout: str = ""
+    waited_s: float = 0.0  # time the machine's load made it wait for a CPU, not counted against its wall clock
 
 
 def _interpreter_dirs() -> list[str]:
@@ -190,25 +195,26 @@ class Sandbox:
                                         env={"PATH": "/usr/bin:/bin", **(env or {})} if self.unsafe else {},
                                         preexec_fn=self._preexec(), start_new_session=True)
             with proc:
-                # A watchdog kills the group at the wall clock while this thread blocks in waitpid: Popen's own
-                # timed wait polls with sleeps of up to 50 ms, a few ms of every short command.
-                expired = threading.Event()
-                watchdog = threading.Timer(self.limits.wall_s, _expire, (proc, expired))
+                # A watchdog kills the group when the clock runs out while this thread blocks in waitpid: Popen's
+                # own timed wait polls with sleeps of up to 50 ms, a few ms of every short command.
+                clock = LoadClock.started(self.limits.wall_s, self.limits.backstop_s(), t0)
+                finished, ended = threading.Event(), list[str]()
+                watchdog = threading.Thread(target=_watch, args=(proc, clock, finished, ended), daemon=True)
                 watchdog.start()
                 try:
                     proc.communicate(stdin)
                 except BrokenPipeError:
                     proc.wait()
                 finally:
-                    watchdog.cancel()
+                    finished.set()
+                    watchdog.join()
                     if proc.poll() is None:  # interrupted (KeyboardInterrupt): the group must not outlive us
-                        _expire(proc, threading.Event())
+                        _expire(proc)
                         proc.wait()
-                timed_out = expired.is_set()
                 duration = time.monotonic() - t0
             stdout = _tail(out_path) if output_budget is None else middle(out_path, output_budget)
             stderr = _tail(err_path)
-        return classify(proc.returncode, stderr, stdout, duration, timed_out)
+        return classify(proc.returncode, stderr, stdout, duration, ended[0] if ended else None, clock.credit_s)
 
 
 def middle(path: Path, budget: int) -> str:
@@ -225,12 +231,29 @@ def middle(path: Path, budget: int) -> str:
             + tail.decode("utf-8", errors="replace"))
 
 
-def _expire(proc: subprocess.Popen, expired: threading.Event) -> None:
+def _watch(proc: subprocess.Popen, clock: LoadClock, finished: threading.Event, ended: list[str]) -> None:
+    """Until ``finished``: at each deadline read what the sandbox's processes used, and kill the group once the
+    clock says the program is out of time (``ended`` then holds how: timed out, or starved at the backstop)."""
+    meter: Meter | None = None
+    while not finished.wait(max(0.0, clock.deadline() - time.monotonic())):
+        if proc.poll() is not None:
+            return
+        if meter is None:  # the tree exists by now; every process in it is the program's, from its start
+            meter = Meter.of_command(proc.pid)
+        kind = clock.check(meter.read())
+        if kind is not None:
+            if _expire(proc):
+                ended.append(kind)
+            return
+
+
+def _expire(proc: subprocess.Popen) -> bool:
+    """SIGKILL the program's process group; False when it had already ended."""
     if proc.poll() is not None:  # already reaped: its group id may name another group by now
-        return
-    expired.set()
+        return False
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
+    return True
 
 
 def _tail(path: Path) -> str:
@@ -247,22 +270,27 @@ def last_error_line(stderr: str) -> str:
 
 
 CPU_LIMIT_SIGNALS = {signal.SIGXCPU, signal.SIGKILL}
+BACKSTOP_ERROR = "wall-clock backstop (the machine's load held it back past its wall clock many times over)"
 
 
-def classify(returncode: int, stderr: str, stdout: str, duration: float, timed_out: bool) -> ExecResult:
-    """Map how the program ended to an outcome. bwrap reports a child killed by signal N as 128+N."""
-    error = last_error_line(stderr)
-    if timed_out:
-        return ExecResult(Outcome.TIMED_OUT, returncode, error or "wall-clock limit", duration, stdout)
+def classify(returncode: int, stderr: str, stdout: str, duration: float, clock_ended: str | None = None,
+             waited_s: float = 0.0) -> ExecResult:
+    """Map how the program ended to an outcome. bwrap reports a child killed by signal N as 128+N.
+    ``clock_ended``: how the wall clock ended it, if it did (``clock.TIMED_OUT`` or ``clock.STARVED``)."""
+    outcome, error = _outcome(returncode, last_error_line(stderr), clock_ended)
+    return ExecResult(outcome, 0 if outcome is Outcome.PASSED else returncode, error, duration, stdout, waited_s)
+
+
+def _outcome(returncode: int, error: str, clock_ended: str | None) -> tuple[Outcome, str]:
+    if clock_ended is not None:
+        return Outcome.TIMED_OUT, error or (BACKSTOP_ERROR if clock_ended == STARVED else "wall-clock limit")
     if returncode == 0:
-        return ExecResult(Outcome.PASSED, 0, "", duration, stdout)
+        return Outcome.PASSED, ""
     sig = -returncode if returncode < 0 else (returncode - 128 if returncode > 128 else 0)
     if sig in CPU_LIMIT_SIGNALS:
-        return ExecResult(Outcome.TIMED_OUT, returncode, error or f"killed by {signal.Signals(sig).name}",
-                          duration, stdout)
+        return Outcome.TIMED_OUT, error or f"killed by {signal.Signals(sig).name}"
     if error.startswith("MemoryError") or "Cannot allocate memory" in error:
-        return ExecResult(Outcome.KILLED_MEMORY, returncode, error, duration, stdout)
+        return Outcome.KILLED_MEMORY, error
     if sig:
-        return ExecResult(Outcome.FAILED, returncode, error or f"killed by {signal.Signals(sig).name}",
-                          duration, stdout)
-    return ExecResult(Outcome.FAILED, returncode, error, duration, stdout)
+        return Outcome.FAILED, error or f"killed by {signal.Signals(sig).name}"
+    return Outcome.FAILED, error

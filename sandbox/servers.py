@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from codemill.sandbox.procstat import Meter
 from codemill.sandbox.runner import Sandbox, SandboxUnavailable
 from codemill.sandbox.wire import BadData, ChannelClosed, ChannelTimeout, recv_frame, send_frame
 
@@ -112,6 +113,7 @@ class Server:
     ctrl: socket.socket
     workdir: str | None
     hello: dict[str, Any] = field(default_factory=dict)
+    meter: Meter | None = None  # what its samples' processes use (None: not found; the clock then gives no credit)
 
     @classmethod
     def start(cls, sandbox: Sandbox, role: str, uid: int) -> Server:
@@ -152,6 +154,8 @@ class Server:
         if isolated and server.hello.get("uid") != uid:
             server.stop()
             raise SandboxUnavailable(f"the {role} server runs as uid {server.hello.get('uid')}, not its own")
+        if type(server.hello.get("pid")) is int:  # sent before any sample ran: the server's own word
+            server.meter = Meter.of_server(proc.pid, server.hello["pid"])
         return server
 
     def send_sample(self, msg: dict[str, Any], fds: list[int]) -> None:

@@ -9,6 +9,11 @@ as an object. The host's deadline per call is the input's time budget; when a ca
 dies), the host ends the sample (the server kills the child and cleans the sandbox) and starts a fresh one for
 the inputs after it. The code is trusted, but still runs isolated: it is the same path as untrusted code and
 costs nothing extra.
+
+Budgets and seconds are the call's own time, as the judge pool's wall clock counts it (``sandbox.clock``): the
+time the machine's load made the child wait for a CPU is not the call's, so which inputs a reference answers in
+time, and which mutants time out, does not depend on how busy the machine is. The code is trusted, so only the
+answering child is read (``procstat.process_usage``: two small reads a call), not the whole sandbox.
 """
 
 from __future__ import annotations
@@ -21,7 +26,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from codemill.cpus import usable_cpus
+from codemill.sandbox.clock import STARVED, LoadClock, credit, wait_readable
 from codemill.sandbox.limits import Limits
+from codemill.sandbox.procstat import Usage, process_usage
 from codemill.sandbox.runner import Sandbox
 from codemill.sandbox.servers import Server, ServerDied
 from codemill.sandbox.slots import map_on_slots
@@ -41,7 +48,8 @@ LOAD_TIMEOUT_S = 10.0
 
 @dataclass(frozen=True)
 class Call:
-    """One input's result. ``status``: ok | raised | timeout | crashed | not_plain | load_error | skipped."""
+    """One input's result. ``status``: ok | raised | timeout | crashed | not_plain | load_error | skipped.
+    ``seconds``: the call's own time (``sandbox.clock``); a timeout the load caused says ``starved`` in ``error``."""
 
     status: str
     value: Any = None
@@ -138,9 +146,10 @@ class BatchRunner:
                 out += [Call("skipped")] * (n - len(out))
                 break
             ended = self._sample(slot, batch, out)
-            if ended is not None and ended.status == "crashed" and retried != len(out):
+            if ended is not None and (ended.status == "crashed" or ended.error == STARVED) and retried != len(out):
                 # One child answers many inputs, so its CPU limit counts them all: a crash (SIGXCPU after many
-                # good answers) may be the batch's doing, not this input's. It gets one fresh child.
+                # good answers) may be the batch's doing, not this input's. It gets one fresh child, as does an
+                # input the machine's load held back to the backstop.
                 retried = len(out)
                 continue
             if ended is not None:
@@ -155,13 +164,16 @@ class BatchRunner:
         early (timeout, crash, load error), or None when every input is answered."""
         host, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         server = slot.server()
+        if server.meter is not None:
+            server.meter.mark()
+        started = time.monotonic()
         try:
             try:
                 server.send_sample({"source": batch.source, "entry": batch.entry,
                                     "limits": self.limits.per_sample()}, [child.fileno()])
             finally:
                 child.close()
-            return self._calls(host, batch, out)
+            return self._calls(host, batch, out, server, started)
         except ServerDied as exc:
             slot.drop()
             return Call("crashed", error=str(exc)[:300])
@@ -172,25 +184,37 @@ class BatchRunner:
             except ServerDied:
                 slot.drop()
 
-    @staticmethod
-    def _calls(host: socket.socket, batch: Batch, out: list[Call]) -> Call | None:
+    def _calls(self, host: socket.socket, batch: Batch, out: list[Call], server: Server, started: float
+               ) -> Call | None:
+        meter = server.meter
+        clock = LoadClock.started(LOAD_TIMEOUT_S, self.limits.backstop_s(LOAD_TIMEOUT_S), started)
         try:
-            first = recv_frame(host, deadline=time.monotonic() + LOAD_TIMEOUT_S)
+            first = self._reply(host, clock, meter.read if meter is not None else lambda: None)
         except (ChannelClosed, ChannelTimeout, BadData) as exc:
             return Call("load_error", error=f"no ready: {exc}"[:300])
         if first != {"ready": True}:
             return Call("load_error", error=str(first.get("load_error", first))[:300])
+        pid = meter.answering() if meter is not None else None
+        base = process_usage(pid) if pid is not None else None
+
+        def since_base() -> Usage | None:
+            now = process_usage(pid) if pid is not None else None
+            return now - base if now is not None and base is not None else None
+
         while len(out) < len(batch.inputs):
             i = len(out)
-            t0 = time.monotonic()
+            clock = LoadClock.started(batch.budgets_s[i], self.limits.backstop_s(batch.budgets_s[i]))
             try:
                 send_frame(host, {"args": encode_value(list(batch.inputs[i])), "kwargs": encode_value({})})
-                reply = recv_frame(host, deadline=t0 + batch.budgets_s[i])
-            except ChannelTimeout:
-                return Call("timeout", seconds=time.monotonic() - t0)
+                reply = self._reply(host, clock, since_base)
+            except ChannelTimeout as exc:
+                return Call("timeout", error=str(exc), seconds=clock.own_s(time.monotonic()))
             except (ChannelClosed, BadData, OSError) as exc:
-                return Call("crashed", error=str(exc)[:300], seconds=time.monotonic() - t0)
-            seconds = time.monotonic() - t0
+                return Call("crashed", error=str(exc)[:300], seconds=clock.own_s(time.monotonic()))
+            elapsed, used = time.monotonic() - clock.start, since_base()
+            seconds = elapsed - (credit(used, elapsed) if used is not None else 0.0)
+            if used is not None and base is not None:
+                base += used  # the reading now: the next call's start
             if type(reply.get("ok")) is str:
                 try:
                     out.append(Call("ok", decode_value(reply["ok"]), seconds=seconds))
@@ -203,3 +227,11 @@ class BatchRunner:
             else:
                 out.append(Call("not_plain", error=str(reply.get("bad_result", reply))[:300], seconds=seconds))
         return None
+
+    @staticmethod
+    def _reply(host: socket.socket, clock: LoadClock, usage: Callable[[], Usage | None]) -> dict[str, Any]:
+        """The child's next frame, within the clock; ChannelTimeout names how the clock ended the call."""
+        ended = wait_readable(host, clock, usage)
+        if ended is not None:
+            raise ChannelTimeout(ended)
+        return recv_frame(host, deadline=clock.hard_deadline())

