@@ -11,8 +11,7 @@ from typing import Annotated, Any, NoReturn, cast, get_args
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
-from rich.table import Table
+from rich.text import Text
 
 from codemill import progress
 from codemill.config import (
@@ -35,25 +34,6 @@ console = Console()
 # 20 s default on a small machine; analytics would only try to reach the network.
 PREFECT_DEFAULTS = {"PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
                     "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-
-
-class RichSink:
-    """Shows one progress line per stage; updates arrive from the tasks (same process)."""
-
-    def __init__(self, bar: Progress) -> None:
-        self.bar = bar
-        self.rows: dict[str, TaskID] = {}
-
-    def _row(self, name: str) -> TaskID:
-        if name not in self.rows:
-            self.rows[name] = self.bar.add_task(name, total=None, status="", count="")
-        return self.rows[name]
-
-    def stage(self, name: str, message: str) -> None:
-        self.bar.update(self._row(name), status=message)
-
-    def update(self, name: str, done: int, total: int) -> None:
-        self.bar.update(self._row(name), completed=done, total=total, count=f"{done}/{total}")
 
 
 DEFAULT_PRESET = "tiny"
@@ -101,6 +81,9 @@ def main(debug: Annotated[bool, typer.Option("--debug", help="Show the traceback
     """codemill: code corpus -> tokens -> checkpoints -> evaluated models."""
     if debug:
         os.environ[DEBUG_ENV] = "1"
+    from codemill.progress_view import silence_library_bars
+
+    silence_library_bars()
 
 
 def _debug() -> bool:
@@ -156,6 +139,8 @@ PresetOpt = Annotated[str | None, typer.Option(help=f"Preset name: {', '.join(pr
 StoreOpt = Annotated[str | None, typer.Option(help="Artifact store root (path or fsspec URL).")]
 UntilOpt = Annotated[str, typer.Option(help="Stop after this stage: ingest, tokenize, train or evaluate.")]
 AsJson = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table/tree.")]
+Verbose = Annotated[bool, typer.Option("--verbose", help="Also every score and each gate metric's noise in full "
+                                                         "(the MLflow run's report has both).")]
 
 
 def _check_until(until: str) -> None:
@@ -170,7 +155,7 @@ def _check_until(until: str) -> None:
 
 @app.command()
 def run(config: ConfigOpt = None, source: SourceOpt = None, preset: PresetOpt = None, store: StoreOpt = None,
-        until: UntilOpt = "evaluate") -> None:
+        until: UntilOpt = "evaluate", verbose: Verbose = False) -> None:
     """Run the pipeline: ingest -> tokenize -> train -> evaluate -> gate (or stop after ``--until``)."""
     cfg = build_config(config, preset, source, store)
     _check_until(until)
@@ -185,9 +170,9 @@ def run(config: ConfigOpt = None, source: SourceOpt = None, preset: PresetOpt = 
 
     server_ready()
     t0 = time.perf_counter()
-    with _known_failures(), _progress():
+    with _known_failures(), _progress(cfg):
         out = with_task_runner(pipeline, cfg)(config=cfg, until=until)
-    print_summary(out, time.perf_counter() - t0)
+    print_summary(out, time.perf_counter() - t0, verbose)
 
 
 @app.command()
@@ -210,17 +195,14 @@ def calibrate(config: ConfigOpt = None, source: SourceOpt = None, preset: Preset
     from codemill.report import calibration_lines
 
     t0 = time.perf_counter()
-    with _known_failures(), _progress():
+    with _known_failures(), _progress(cfg):
         out = with_task_runner(calibrate_flow, cfg)(config=cfg, seeds=seeds, from_champion=from_champion)
     if as_json:
         import json
 
         typer.echo(json.dumps(out, indent=2, default=str))
         return
-    from rich.text import Text
-
-    for line in calibration_lines(out, time.perf_counter() - t0):
-        console.print(Text(line))
+    print_lines(calibration_lines(out, time.perf_counter() - t0, console.width))
 
 
 @app.command()
@@ -245,15 +227,13 @@ def plan(config: ConfigOpt = None, source: SourceOpt = None, preset: PresetOpt =
         typer.echo(json.dumps(rows, indent=2))
         return
     _print_sources(cfg)
-    table = Table(title=f"codemill plan (store {cfg.store_root}, until {until})")
-    for col in ("step", "digest", "action", "artifact"):
-        table.add_column(col, overflow="fold")
-    for row in rows:
-        table.add_row(row["step"], row["digest"][:12], row["action"], row["uri"])
-    console.print(table)
+    from codemill.layout import wrap
+    from codemill.report import plan_lines
+
+    print_lines(plan_lines(rows, art_store.root_uri, until, console.width))
     if until == "evaluate" and cfg.gate.enabled:
-        console.print(f"then: gate against {cfg.gate.registered_model or cfg.name}@{cfg.gate.alias} "
-                      "(the champion is looked up when the run gets there)")
+        print_lines(wrap(f"then: gate against {cfg.gate.registered_model or cfg.name}@{cfg.gate.alias} "
+                         "(the champion is looked up when the run gets there)", console.width))
     _print_preflight(cfg, until)
 
 
@@ -271,17 +251,16 @@ def _print_sources(cfg: PipelineConfig) -> None:
 
 def _print_preflight(cfg: PipelineConfig, until: str) -> None:
     """The checks ``codemill run`` makes before it starts, as a footer: ok, or would fail and why."""
-    from rich.text import Text
-
+    from codemill.layout import wrap
     from codemill.preflight import needs_of, run_checks
 
     console.print("preflight (what `codemill run` checks before it starts):")
     for check in run_checks(cfg, needs_of("run", cfg, until)):
         status = "ok" if check.ok else "would fail"
         line = f"  {check.name:<9} {status:<10} {check.detail if check.ok else check.problem}"
-        console.print(Text(line, style="" if check.ok else "red"))
+        console.print(Text("\n".join(wrap(line, console.width, " " * 4)), style="" if check.ok else "red"))
         if check.hint and not check.ok:
-            console.print(Text(f"  {'':<9} {'':<10} hint: {check.hint}"))
+            print_lines(wrap(f"  {'':<9} {'':<10} hint: {check.hint}", console.width, " " * 4))
 
 
 @app.command()
@@ -319,7 +298,7 @@ def _run_on_problem_sources(cfg: PipelineConfig, command: str, start) -> tuple[d
     _preflight(cfg, command)
     _prefect_defaults(cfg)
     t0 = time.perf_counter()
-    with _known_failures(), _progress():
+    with _known_failures(), _progress(cfg):
         out = start()
     return out, time.perf_counter() - t0
 
@@ -364,34 +343,15 @@ def rl(config: ConfigOpt = None, preset: PresetOpt = None, store: StoreOpt = Non
 
 
 def print_rl_summary(out: dict, wall_s: float) -> None:
-    from rich.text import Text
-
     from codemill.report import rl_summary_lines
 
-    console.print(Text("\n".join(rl_summary_lines(out, wall_s))))
-
-
-PROBLEM_COUNT_COLUMNS = ("read", "malformed", "reference_failed", "unverified", "duplicate", "contaminated", "kept",
-                         "train", "val")
+    print_lines(rl_summary_lines(out, wall_s, console.width))
 
 
 def print_problem_counts(result: dict, wall_s: float) -> None:
-    summary = result["summary"]
-    status = {"cached": "skipped (cached)", "present": "skipped (in store)"}.get(result["status"], "ran")
-    table = Table(title=f"codemill problems: {status} in {wall_s:.1f}s")
-    sources = summary["by_source"]
-    table.add_column("count")
-    for name in sources:
-        table.add_column(name, justify="right", overflow="fold")
-    table.add_column("total", justify="right")
-    for col in PROBLEM_COUNT_COLUMNS:
-        table.add_row(col, *(str(c[col]) for c in sources.values()), str(summary["totals"][col]))
-    console.print(table)
-    for name, counts in summary["by_source"].items():
-        if counts.get("mining"):
-            console.print(f"{name} mining steps: " + ", ".join(f"{k} {v}" for k, v in counts["mining"].items()))
-    console.print(f"artifact: {result['ref']['uri']} (digest {result['ref']['digest'][:12]})")
-    console.print(f"MLflow run: {result['run_id']}")
+    from codemill.report import problem_count_lines
+
+    print_lines(problem_count_lines(result, wall_s, console.width))
 
 
 def _skip_final_collection() -> None:
@@ -412,11 +372,13 @@ def _prefect_defaults(cfg: PipelineConfig) -> None:
 
 
 @contextmanager
-def _progress() -> Iterator[None]:
-    with Progress(SpinnerColumn(), TextColumn("[bold]{task.description:<9}"), BarColumn(),
-                  TextColumn("{task.fields[count]}"), TextColumn("{task.fields[status]}"),
-                  TimeElapsedColumn(), console=console, transient=False) as bar:
-        progress.set_sink(RichSink(bar))
+def _progress(cfg: PipelineConfig) -> Iterator[None]:
+    """One row per stage while the flow runs, store paths shown under the store root (the summary names it)."""
+    from codemill.progress_view import RichSink, progress_display
+    from codemill.store import ArtifactStore
+
+    with progress_display(console) as bar:
+        progress.set_sink(RichSink(bar, ArtifactStore(cfg.store_root).root_uri))
         try:
             yield
         finally:
@@ -436,6 +398,7 @@ def evaluate(
     no_gate: Annotated[bool, typer.Option("--no-gate", help="Do not compare with the champion.")] = False,
     unsafe_no_sandbox: Annotated[bool, typer.Option("--unsafe-no-sandbox",
                                                     help="Run model code WITHOUT isolation (logged).")] = False,
+    verbose: Verbose = False,
 ) -> None:
     """Evaluate any model on the chosen suites, and gate it against the champion."""
     cfg = build_config(config, preset, None, None)
@@ -456,9 +419,9 @@ def evaluate(
     from codemill.flows.evaluate import evaluate as evaluate_flow
 
     t0 = time.perf_counter()
-    with _known_failures(), _progress():
+    with _known_failures(), _progress(cfg):
         out = evaluate_flow(model=model, config=cfg, corpus=corpus, samples_file=str(samples) if samples else None)
-    print_summary(out, time.perf_counter() - t0)
+    print_summary(out, time.perf_counter() - t0, verbose)
 
 
 def _suites(names: list[str]) -> list[SuiteName]:
@@ -470,22 +433,17 @@ def _suites(names: list[str]) -> list[SuiteName]:
     return [cast(SuiteName, n) for n in names]
 
 
-def print_summary(out: dict, wall_s: float) -> None:
-    """What a run did, readable in an 80-column log: stages with their cost, scores, the gate per metric."""
-    from rich.text import Text
+def print_summary(out: dict, wall_s: float, verbose: bool = False) -> None:
+    """What a run did, at the terminal's width: stages with their cost, one line per suite, the gate per
+    metric, where it is recorded."""
+    from codemill.report import footer_lines, summary_lines
 
-    from codemill.report import summary_lines
+    print_lines([*summary_lines(out, wall_s, console.width, verbose), *footer_lines(out, console.width)])
 
-    for line in summary_lines(out, wall_s):
-        console.print(Text(line))
-    console.print(f"MLflow run:  {out['parent_run_id']} (experiment {out['experiment_id']}, {out['tracking_uri']})")
-    console.print(f"Model id:    {out['model_id']}  (models:/{out['model_id']})")
-    console.print(f"Prefect flow run: {out['flow_run_id']}")
-    uri = out["tracking_uri"]
-    console.print("Open the UIs:")
-    console.print(f"  mlflow ui --backend-store-uri {uri}" if uri.startswith("sqlite") else f"  MLflow: {uri}")
-    console.print("  prefect server start   # then http://127.0.0.1:4200 (runs appear when PREFECT_API_URL "
-                  "points at it)")
+
+def print_lines(lines: list[str]) -> None:
+    """Lines laid out for ``console.width`` (no markup in them is interpreted)."""
+    console.print(Text("\n".join(lines)))
 
 
 @app.command()
@@ -521,7 +479,8 @@ def lineage(
     from codemill import lineage_view
 
     reader, art_store = _lineage_sources(config, preset, store, tracking_uri)
-    _show(lambda: lineage_view.lineage_tree(reader, art_store, ident), lineage_view.render, as_json)
+    _show(lambda: lineage_view.lineage_tree(reader, art_store, ident),
+          lambda tree, width: lineage_view.render(tree, width, art_store.root_uri), as_json)
 
 
 @app.command()
@@ -549,7 +508,7 @@ def trajectory(
         raise typer.Exit(2)
     tok = AutoTokenizer.from_pretrained(str(tokenizer))
     for i in wanted:
-        typer.echo(render_row(rows[i], lambda ids: tok.decode(ids, skip_special_tokens=False), width))
+        typer.echo(render_row(rows[i], lambda ids: tok.decode(ids, skip_special_tokens=False), width, console.width))
 
 
 @app.command()
@@ -569,7 +528,8 @@ def compare(
 
 
 def _show(build, render, as_json: bool) -> None:
-    """Print what ``build`` returns (rendered, or as JSON); a lineage error is a clean exit code 2."""
+    """Print what ``build`` returns (rendered at the terminal's width, or as JSON); a lineage error is a clean
+    exit code 2."""
     import json
 
     from codemill.lineage import TrackingAccessDenied
@@ -583,7 +543,7 @@ def _show(build, render, as_json: bool) -> None:
     if as_json:
         typer.echo(json.dumps(result, indent=2, default=str))
     else:
-        console.print(render(result))
+        console.print(render(result, console.width))
 
 
 @app.command()
@@ -637,7 +597,7 @@ def repo_tasks_build(config: ConfigOpt = None, preset: PresetOpt = None, store: 
     _preflight(cfg, "repo-tasks build")
     _prefect_defaults(cfg)
     t0 = time.perf_counter()
-    with _known_failures(), _progress():
+    with _known_failures(), _progress(cfg):
         from codemill.flows.repo_tasks import repo_tasks as repo_tasks_flow
 
         out = repo_tasks_flow(config=cfg)

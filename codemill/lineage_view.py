@@ -203,22 +203,78 @@ def lineage_tree(reader: LineageReader, store: ArtifactStore, ident: str) -> Nod
     return artifact_tree(reader, store, value, reader.experiment_ids())
 
 
-def render(tree: Node):
-    """A rich Tree of the node structure (attrs shown under each title)."""
+HEX_DIGEST = 64  # a sha256: shown as its first 12 hex, as the store's folder names carry it (a prefix resolves)
+
+
+def _shown(key: str, value: Any, store_root: str) -> str:
+    """An attribute's value as the tree shows it: sha256 digests shortened, store URIs under the store root."""
+    from codemill.layout import DIGEST_CHARS, relative_to
+
+    text = str(value)
+    if len(text) == HEX_DIGEST and all(c in "0123456789abcdef" for c in text):
+        return text[:DIGEST_CHARS]
+    return relative_to(text, store_root) if key == "uri" else text
+
+
+def _scores_label(metrics: list[Node], width: int) -> str:
+    """The eval scores as one table (metric, value, 95% CI) under a heading per eval run: the run that logged
+    them and the dataset; the CI column is left out where it does not fit ``width``."""
+    from codemill.layout import Column, ci, first_fitting, num, table
+
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for m in metrics:
+        a = m["attrs"]
+        on = f" on {a['dataset_name']}@{_shown('digest', a.get('dataset_digest'), '')}" if a.get("dataset_name") \
+            else ""
+        groups.setdefault(f"run {a.get('run_id')}{on}", []).append(a)
+    heads = [(head, len(rows)) for head, rows in groups.items()]
+    attrs = [a for rows in groups.values() for a in rows]
+
+    def form(with_ci: bool) -> list[str]:
+        cols = [Column("metric"), Column("value", ">"), *([Column("95% CI")] if with_ci else [])]
+        body = table(cols, [[a["key"], num(a["value"]),
+                             *([ci(a["ci_low"], a["ci_high"]) if "ci_low" in a else ""] if with_ci else [])]
+                            for a in attrs], indent="  ")
+        lines, at = ["eval scores", body[0]], 1
+        for head, n in heads:
+            lines += [head, *body[at:at + n]]
+            at += n
+        return lines
+
+    return "\n".join(first_fitting([lambda: form(True), lambda: form(False)], width))
+
+
+def render(tree: Node, width: int = 80, store_root: str = ""):
+    """A rich Tree of the node structure (attrs shown under each title) whose lines fit ``width``: digests as
+    12 hex, store URIs under ``store_root`` (printed once above the tree), each eval run's metrics under it
+    (with 95% CIs); a label longer than its room wraps at a space, never inside a word."""
+    from rich.console import Group
+    from rich.text import Text
     from rich.tree import Tree
 
-    def add(parent, n: Node) -> None:
-        branch = parent.add(n["title"] if n["kind"] == "metric" else f"[bold]{n['title']}[/]")
-        if n["kind"] != "metric" and not n["title"].endswith("(shown above)"):
-            fill(branch, n)
+    from codemill.layout import wrap
 
-    def fill(branch, n: Node) -> None:
+    guide = 4  # the cells each level of a rich Tree indents by
+
+    def label(text: str, depth: int, bold: bool = False) -> Text:
+        return Text("\n".join(wrap(text, max(width - guide * depth, 20))), style="bold" if bold else "")
+
+    def add(parent, n: Node, depth: int) -> None:
+        branch = parent.add(label(n["title"], depth, bold=True))
+        if not n["title"].endswith("(shown above)"):
+            fill(branch, n, depth + 1)
+
+    def fill(branch, n: Node, depth: int) -> None:
         for k, v in n["attrs"].items():
             if v not in (None, "", [], {}) and k not in ("metrics", "stage", "name", "model_id"):
-                branch.add(f"[dim]{k}[/]: {v}")
+                branch.add(label(f"{k}: {_shown(k, v, store_root)}", depth))
         for child in n["children"]:
-            add(branch, child)
+            if child["kind"] == "evals" and child["children"]:
+                branch.add(Text(_scores_label(child["children"], width - guide * depth)))
+            else:
+                add(branch, child, depth)
 
-    root = Tree(f"[bold]{tree['title']}[/]")
-    fill(root, tree)
-    return root
+    root = Tree(label(tree["title"], 0, bold=True))
+    fill(root, tree, 1)
+    head = [Text("\n".join(wrap(f"store: {store_root}", width)))] if store_root else []
+    return Group(*head, root)

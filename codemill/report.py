@@ -6,9 +6,21 @@ Plain functions (no Prefect, no MLflow) so the flows publish the same content to
 from __future__ import annotations
 
 import io
-import textwrap
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from codemill.layout import (
+    LOG_WIDTH,
+    Column,
+    ci,
+    first_fitting,
+    num,
+    relative_to,
+    signed,
+    table,
+    table_in_parts,
+    wrap,
+)
 
 
 def eval_report_markdown(title: str, scores: Mapping[str, float], gate: Mapping[str, Any] | None,
@@ -21,8 +33,8 @@ def eval_report_markdown(title: str, scores: Mapping[str, float], gate: Mapping[
     lines = [f"# {title}", "", "| metric | value | 95% CI |", "|---|---|---|"]
     for key in sorted(k for k in scores if "_ci_" not in k):
         low, high = scores.get(f"{key}_ci_low"), scores.get(f"{key}_ci_high")
-        ci = f"{low:.4f} - {high:.4f}" if low is not None and high is not None else ""
-        lines.append(f"| {key} | {scores[key]:.4f} | {ci} |")
+        bounds = ci(low, high) if low is not None and high is not None else ""
+        lines.append(f"| {key} | {num(scores[key])} | {bounds} |")
     lines.append("")
     if skipped:
         lines += [f"- suite {suite} skipped: {reason}" for suite, reason in sorted(skipped.items())] + [""]
@@ -59,10 +71,10 @@ def gate_noise_table(gate: Mapping[str, Any]) -> list[str]:
     lines = ["| metric | diff (+ = better) | SE item | seed SD (n) | SE total | p worse | p better "
              "| MDE better | MDE worse |", "|---|---|---|---|---|---|---|---|---|"]
     for m in metrics:
-        seed = f"{m['seed_sd']:.4f} ({m['n_seeds']})" if m.get("calibrated") else "uncalibrated"
-        lines.append(f"| {m['metric']} | {m['diff']:+.4f} | {m.get('se_item', m['se']):.4f} | {seed} | {m['se']:.4f} "
-                     f"| {m['p_regression_holm']:.3g} | {m['p_improvement_holm']:.3g} | {m.get('mde', 0.0):.4f} "
-                     f"| {m.get('mde_worse', 0.0):.4f} |")
+        seed = f"{num(m['seed_sd'])} ({m['n_seeds']})" if m.get("calibrated") else "uncalibrated"
+        lines.append(f"| {m['metric']} | {signed(m['diff'])} | {num(m.get('se_item', m['se']))} | {seed} "
+                     f"| {num(m['se'])} | {m['p_regression_holm']:.3g} | {m['p_improvement_holm']:.3g} "
+                     f"| {num(m.get('mde', 0.0))} | {num(m.get('mde_worse', 0.0))} |")
     if not gate.get("calibrated"):
         lines.append(f"\n**uncalibrated**: no seed noise for the champion's recipe (`"
                      f"{gate.get('calibrate_advice', 'codemill calibrate')}`); differences below the hold margin "
@@ -73,48 +85,48 @@ def gate_noise_table(gate: Mapping[str, Any]) -> list[str]:
     return [*lines, ""]
 
 
-LOG_WIDTH = 80
-
-
 def unit_of(metric: str) -> str:
     """The unit a metric's values are in, by its name (``_ms``: milliseconds); "" for scores and rates."""
     return " ms" if metric.endswith("_ms") else ""
 
 
-def metric_lines(m: Mapping[str, Any], a: str = "candidate", b: str = "champion") -> list[str]:
-    """One gate metric as six lines under 80 columns (for logs and terminals; --json has everything)."""
+def metric_lines(m: Mapping[str, Any], a: str = "candidate", b: str = "champion",
+                 width: int = LOG_WIDTH) -> list[str]:
+    """One gate metric in full (both noise components, p-values, MDE) as six lines, each wrapped at ``width``
+    (for logs and terminals; --json has everything)."""
     u = unit_of(m["metric"])
     direction = f"+ = {a} better" + ("; ms, lower is faster" if u else "")
-    seed = (f"seed SD {m['seed_sd']:.4f} ({m['n_seeds']} seeds)" if m.get("calibrated")
+    seed = (f"seed SD {num(m['seed_sd'])} ({m['n_seeds']} seeds)" if m.get("calibrated")
             else f"uncalibrated (hold below {m.get('hold_margin', 0.0):.3g})")
     if m.get("candidate_seeds", 1) > 1:
         own = m.get("candidate_seed_sd")
-        seed += f"; {a}: mean of {m['candidate_seeds']}" + (f", SD {own:.4f}" if own is not None else "")
+        seed += f"; {a}: mean of {m['candidate_seeds']}" + (f", SD {num(own)}" if own is not None else "")
     df = f"   df {m['df']:.1f}" if m.get("df") else ""
-    return [f"{m['metric']} ({direction})",
-            f"  {a} {m['candidate']:.4f}{u}   {b} {m['champion']:.4f}{u}   diff {m['diff']:+.4f}{u}",
-            f"  95% CI [{m['ci_low']:+.4f}, {m['ci_high']:+.4f}]   SE total {m['se']:.4f}{df}",
-            f"  SE item {m.get('se_item', m['se']):.4f}   {seed}",
-            f"  p worse {m['p_regression']:.3g} (Holm {m['p_regression_holm']:.3g})   p better "
-            f"{m['p_improvement']:.3g} (Holm {m['p_improvement_holm']:.3g})",
-            f"  MDE (80% power) better {m.get('mde', 0.0):.4f}, worse {m.get('mde_worse', 0.0):.4f}   "
-            f"items {m['n_items']}, clusters {m['n_clusters']}"]
+    lines = [f"{m['metric']} ({direction})",
+             f"  {a} {num(m['candidate'])}{u}   {b} {num(m['champion'])}{u}   diff {signed(m['diff'])}{u}",
+             f"  95% CI [{signed(m['ci_low'])}, {signed(m['ci_high'])}]   SE total {num(m['se'])}{df}",
+             f"  SE item {num(m.get('se_item', m['se']))}   {seed}",
+             f"  p worse {m['p_regression']:.3g} (Holm {m['p_regression_holm']:.3g})   p better "
+             f"{m['p_improvement']:.3g} (Holm {m['p_improvement_holm']:.3g})",
+             f"  MDE (80% power) better {num(m.get('mde', 0.0))}, worse {num(m.get('mde_worse', 0.0))}   "
+             f"items {m['n_items']}, clusters {m['n_clusters']}"]
+    return [part for line in lines for part in wrap(line, width, "    ")]
 
 
-def comparison_text(result: Mapping[str, Any]) -> str:
-    """``codemill compare`` for an 80-column log: the two models, the verdict, then each metric."""
+def comparison_text(result: Mapping[str, Any], width: int = LOG_WIDTH) -> str:
+    """``codemill compare`` at ``width`` columns: the two models, the verdict, then each metric."""
     lines = [f"a (candidate): {result['model_a']}", f"b (reference): {result['model_b']}",
              "paired on the same eval items", "",
-             f"verdict: {result['verdict']} (alpha {result['alpha']}, Holm-corrected)",
-             *textwrap.wrap(f"reason: {result['reason']}", LOG_WIDTH, subsequent_indent="  "), ""]
+             *wrap(f"verdict: {result['verdict']} (alpha {result['alpha']}, Holm-corrected)", width),
+             *wrap(f"reason: {result['reason']}", width), ""]
     if result.get("calibration"):
-        lines += textwrap.wrap(f"noise: calibrated ({result['calibration']})", LOG_WIDTH, subsequent_indent="  ")
+        lines += wrap(f"noise: calibrated ({result['calibration']})", width)
     else:
-        lines.append("noise: uncalibrated (item-level SE only; no seed noise for b's recipe)")
+        lines += wrap("noise: uncalibrated (item-level SE only; no seed noise for b's recipe)", width)
     if result.get("latency"):
-        lines += ["", *latency_table(result["latency"])]
+        lines += ["", *latency_table(result["latency"], width)]
     for m in result["metrics"]:
-        lines += ["", *metric_lines(m, "a", "b")]
+        lines += ["", *metric_lines(m, "a", "b", width)]
     return "\n".join(lines)
 
 
@@ -123,13 +135,13 @@ LATENCY_ROWS = (("TTFT p50", "latency_ttft_p50_ms", "ms"), ("TTFT p95", "latency
                 ("per token p95", "latency_per_token_p95_ms", "ms"), ("tokens/s", "latency_tokens_per_s", ""))
 
 
-def latency_table(lat: Mapping[str, Any]) -> list[str]:
+def latency_table(lat: Mapping[str, Any], width: int = LOG_WIDTH) -> list[str]:
     """Two checkpoints' latency side by side (lower is better but for tokens/s), and where it was measured."""
     on = lat.get("on") or {}
     head = (f"latency, batch 1, {lat.get('prompts')} prompts x {lat.get('new_tokens')} new tokens, same machine: "
             f"{on.get('device')} {on.get('dtype')}, {on.get('engine')} {on.get('engine_version')}, "
             f"{on.get('threads')} threads")
-    lines = [*textwrap.wrap(head, LOG_WIDTH, subsequent_indent="  "), f"  {'':<16}{'a':>12}{'b':>12}{'a / b':>10}"]
+    lines = [*wrap(head, width), f"  {'':<16}{'a':>12}{'b':>12}{'a / b':>10}"]
     for label, key, unit in LATENCY_ROWS:
         va, vb = lat["a"].get(key), lat["b"].get(key)
         if va is None or vb is None:
@@ -161,40 +173,163 @@ def skipped_suites(stages: Mapping[str, Any]) -> dict[str, str]:
     return out
 
 
-def summary_lines(out: Mapping[str, Any], wall_s: float) -> list[str]:
-    """The run summary for an 80-column log: one line per stage (status, cost, artifact), the scores, the
-    gate with each metric's noise, where to look."""
-    lines = [f"codemill finished in {wall_s:.1f}s", "",
-             f"{'stage':<20}{'status':<10}{'wall s':>8}{'CPU s':>8}{'GPU s':>7}  artifact (in the store)"]
-    for name, st in out["stages"].items():
-        status = {"cached": "cached", "present": "in store"}.get(st["status"], "ran")
-        cost = (st.get("cost") or {}) if status == "ran" else {}
-        nums = "".join(f"{cost[k]:>{w}.1f}" if k in cost else f"{'-':>{w}}"
-                       for k, w in (("wall_s", 8), ("cpu_s", 8), ("gpu_s", 7)))
-        ref = st["ref"]
-        lines.append(f"{name[:19]:<20}{status:<10}{nums}  {ref['name']}-{ref['digest'][:12]}")
-    s = out["scores"]
-    lines.append("")
-    for key in sorted(k for k in s if "_ci_" not in k and not k.startswith("latency_")):
-        ci = f" (95% CI {s[key + '_ci_low']:.4f} - {s[key + '_ci_high']:.4f})" if f"{key}_ci_low" in s else ""
-        lines.append(f"{key}: {s[key]:.4f}{ci}")
-    latency = latency_line(s, ((out["stages"].get("eval:latency") or {}).get("summary") or {}).get("device"))
-    if latency:
-        lines += textwrap.wrap(latency, LOG_WIDTH, subsequent_indent="  ")
-    for suite, reason in sorted(skipped_suites(out["stages"]).items()):
-        lines += textwrap.wrap(f"{suite}: skipped ({reason})", LOG_WIDTH, subsequent_indent="  ")
-    g = out.get("gate")
-    if g:
-        lines += ["", *textwrap.wrap(f"gate: {g['verdict']} ({g['reason']}); {g['registered_model']}@{g['alias']} = "
-                                     f"version {g['champion_version']}", LOG_WIDTH, subsequent_indent="  ")]
-        if g.get("calibration"):
-            lines += textwrap.wrap(f"noise: {g['calibration']}", LOG_WIDTH, subsequent_indent="  ")
-        for m in g.get("metrics") or []:
-            lines += metric_lines(m)
-        if g.get("metrics") and not g.get("calibrated"):
-            lines += textwrap.wrap(calibrate_advice(g.get("calibrate_advice", "codemill calibrate --seeds 10"),
-                                                    out["stages"]), LOG_WIDTH, subsequent_indent="  ")
+STATUS = {"cached": "cached", "present": "in store"}  # a stage's status as the summary says it (else "ran")
+VERBOSE_HINT = "(--verbose: every score, and each gate metric's noise in full)"
+
+
+def summary_lines(out: Mapping[str, Any], wall_s: float, width: int = LOG_WIDTH, verbose: bool = False) -> list[str]:
+    """The run summary at ``width`` columns: one line per stage (status, cost, artifact), one line per suite
+    (its headline metric and 95% CI), the gate's verdict with one line per metric; ``verbose`` adds every
+    score and each gate metric's noise in full (the MLflow run's report has both)."""
+    root = store_root(out["stages"])
+    lines = [f"codemill finished in {wall_s:.1f}s", *(wrap(f"store: {root}", width) if root else []), "",
+             *stage_table(out["stages"], root, width)]
+    suites = suite_lines(out, width)
+    lines += ["", *suites] if suites else []
+    if verbose and score_keys(out["scores"]):
+        lines += ["", *score_table(out["scores"])]
+    lines += gate_lines(out, width, verbose)
+    if not verbose and (score_keys(out["scores"]) or (out.get("gate") or {}).get("metrics")):
+        lines += wrap(VERBOSE_HINT, width)
     return lines
+
+
+def store_root(stages: Mapping[str, Any]) -> str:
+    """The store root the stages' artifacts live under (an artifact's URI ends in
+    ``<stage>/<name>-<digest, 12 hex>``); "" when no URI says."""
+    for st in stages.values():
+        ref = st["ref"]
+        tail = f"/{ref.get('stage')}/{artifact_folder(ref)}"
+        if str(ref.get("uri", "")).endswith(tail):
+            return str(ref["uri"])[:-len(tail)]
+    return ""
+
+
+def artifact_folder(ref: Mapping[str, Any]) -> str:
+    """The artifact's folder name in its stage's folder of the store."""
+    return f"{ref['name']}-{ref['digest'][:12]}"
+
+
+def stage_table(stages: Mapping[str, Any], root: str, width: int = LOG_WIDTH) -> list[str]:
+    """One line per stage: status, cost (stages that did not run cost nothing) and the artifact as a path under
+    the store root, or, where those paths do not fit ``width``, the 12-hex digest its folder name ends in."""
+    from codemill.cost import KEYS
+
+    cols = [Column("stage"), Column("status"), Column("wall s", ">"), Column("CPU s", ">"), Column("GPU s", ">")]
+    rows = []
+    for name, st in stages.items():
+        status = STATUS.get(st["status"], "ran")
+        cost = (st.get("cost") or {}) if status == "ran" else {}
+        rows.append(([name, status, *(f"{cost[k]:.1f}" if k in cost else "-" for k in KEYS)], st["ref"]))
+
+    def path(ref: Mapping[str, Any]) -> str:
+        uri = str(ref.get("uri") or "")
+        return relative_to(uri, root) if root and uri else artifact_folder(ref)
+
+    return first_fitting(
+        [lambda: table([*cols, Column("artifact (in the store)")], [[*r, path(ref)] for r, ref in rows]),
+         lambda: table([*cols, Column("digest")], [[*r, ref["digest"][:12]] for r, ref in rows])], width)
+
+
+def suite_lines(out: Mapping[str, Any], width: int = LOG_WIDTH) -> list[str]:
+    """One line per suite the run evaluated: its headline metric with the 95% CI; for latency its percentiles;
+    for a suite that did not apply to the model, why."""
+    from codemill.evals.suites import REGISTRY
+
+    stages, scores = out["stages"], out["scores"]
+    skipped = skipped_suites(stages)
+    rows = []
+    for key in stages:
+        suite = key.removeprefix("eval:")
+        metric = REGISTRY[suite].headline_metric if key.startswith("eval:") and suite in REGISTRY else ""
+        if metric in scores and suite not in skipped:
+            low, high = scores.get(f"{metric}_ci_low"), scores.get(f"{metric}_ci_high")
+            rows.append([suite, metric, num(scores[metric]), ci(low, high) if low is not None and high is not None
+                         else ""])
+    cols = [Column("suite"), Column("headline metric"), Column("value", ">"), Column("95% CI")]
+    lines = first_fitting([lambda: table(cols, rows), lambda: table(cols[1:], [r[1:] for r in rows])],
+                          width) if rows else []
+    latency = latency_line(scores, ((stages.get("eval:latency") or {}).get("summary") or {}).get("device"))
+    if latency:
+        lines += wrap(latency, width)
+    for suite, reason in sorted(skipped.items()):
+        lines += wrap(f"{suite}: skipped ({reason})", width)
+    return lines
+
+
+def score_keys(scores: Mapping[str, Any]) -> list[str]:
+    """The scores a table lists: each metric once (its CI bounds go with it; latency has its own line)."""
+    return sorted(k for k in scores if "_ci_" not in k and not k.startswith("latency_"))
+
+
+def score_table(scores: Mapping[str, Any]) -> list[str]:
+    """Every score of the run with its 95% CI (where the suite computed one)."""
+    rows = []
+    for key in score_keys(scores):
+        low, high = scores.get(f"{key}_ci_low"), scores.get(f"{key}_ci_high")
+        rows.append([key, num(scores[key]), ci(low, high) if low is not None and high is not None else ""])
+    return table([Column("metric"), Column("value", ">"), Column("95% CI")], rows)
+
+
+def gate_lines(out: Mapping[str, Any], width: int = LOG_WIDTH, verbose: bool = False) -> list[str]:
+    """The gate's verdict and reason, then one line per metric (``verbose``: each metric's noise in full)."""
+    g = out.get("gate")
+    if not g:
+        return []
+    lines = ["", *wrap(f"gate: {g['verdict']} ({g['reason']}); {g['registered_model']}@{g['alias']} = "
+                       f"version {g['champion_version']}", width)]
+    if g.get("calibration"):
+        lines += wrap(f"noise: {g['calibration']}", width)
+    metrics = g.get("metrics") or []
+    if verbose:
+        for m in metrics:
+            lines += metric_lines(m, width=width)
+    elif metrics:
+        lines += gate_table(metrics, width)
+    if metrics and not g.get("calibrated"):
+        lines += wrap(calibrate_advice(g.get("calibrate_advice", "codemill calibrate --seeds 10"), out["stages"]),
+                      width)
+    return lines
+
+
+def gate_table(metrics: Sequence[Mapping[str, Any]], width: int = LOG_WIDTH) -> list[str]:
+    """One line per gate metric: the difference (+ = the candidate is better), its 95% CI and the
+    Holm-corrected p-values of both tests; the CI is left out where it does not fit ``width``."""
+    rows = [[m["metric"], signed(m["diff"]) + unit_of(m["metric"]), f"[{signed(m['ci_low'])}, {signed(m['ci_high'])}]",
+             f"{m['p_regression_holm']:.3g}", f"{m['p_improvement_holm']:.3g}"] for m in metrics]
+    cols = [Column("gate metric"), Column("diff", ">"), Column("95% CI"), Column("p worse", ">"),
+            Column("p better", ">")]
+    return first_fitting([lambda: table(cols, rows),
+                          lambda: table([c for i, c in enumerate(cols) if i != 2],
+                                        [[c for i, c in enumerate(r) if i != 2] for r in rows])], width)
+
+
+def plan_lines(rows: Sequence[Mapping[str, Any]], root: str, until: str, width: int = LOG_WIDTH) -> list[str]:
+    """``codemill plan``'s steps at ``width`` columns: each step's action and artifact (a path under the store
+    root; where the paths do not fit, the 12-hex digest its folder name ends in)."""
+    def path(row: Mapping[str, Any]) -> str:
+        return relative_to(row["uri"], root)
+
+    step, action = Column("step"), Column("action")
+    return [f"codemill plan until {until}", *wrap(f"store: {root}", width), "", *first_fitting(
+        [lambda: table([step, Column("digest"), action, Column("artifact (in the store)")],
+                       [[r["step"], r["digest"][:12], r["action"], path(r)] for r in rows]),
+         lambda: table([step, action, Column("artifact (in the store)")], [[r["step"], r["action"], path(r)]
+                                                                          for r in rows]),
+         lambda: table([step, action, Column("digest")], [[r["step"], r["action"], r["digest"][:12]] for r in rows])],
+        width)]
+
+
+def footer_lines(out: Mapping[str, Any], width: int = LOG_WIDTH) -> list[str]:
+    """Where the run is recorded and how to look at it."""
+    uri = out["tracking_uri"]
+    ui = f"mlflow ui --backend-store-uri {uri}" if uri.startswith("sqlite") else f"MLflow: {uri}"
+    return [*wrap(f"MLflow run:  {out['parent_run_id']} (experiment {out['experiment_id']})", width),
+            *(wrap(f"Model:       models:/{out['model_id']}", width) if out.get("model_id") else []),
+            *wrap(f"Prefect flow run: {out['flow_run_id']}", width),
+            "Open the UIs:", *wrap(f"  {ui}", width, "    "),
+            *wrap("  prefect server start   # then http://127.0.0.1:4200 (runs appear there when PREFECT_API_URL "
+                  "points at it)", width, "                         # ")]
 
 
 # The per-iteration columns of ``codemill rl``: (heading, row key, width, format). "signal" is the share of groups
@@ -203,35 +338,62 @@ def summary_lines(out: Mapping[str, Any], wall_s: float) -> list[str]:
 # "rollout s" is the rollouts' wall time: generation (several batches at once) and judging overlap, so their own
 # sums (in the MLflow run and the flow's result) can exceed it.
 RL_COLUMNS = (("iter", "iteration", 4, "d"), ("reward", "reward_mean", 7, ".3f"),
-              ("pass", "pass_rate", 6, ".3f"), ("signal", "signal_groups", 7, ".2f"), ("kl", "kl", 8, ".4f"),
+              ("pass", "pass_rate", 6, ".3f"), ("signal", "signal_groups", 7, ".2f"), ("kl", "kl", 10, "num"),
               ("tokens", "response_tokens_mean", 7, ".1f"), ("turns", "turns_mean", 6, ".2f"),
               ("obs", "observed_token_frac", 5, ".2f"), ("rollout s", "rollout_wall_s", 10, ".1f"),
               ("update s", "update_s", 9, ".1f"))
 LEARNABLE_SHARE_TARGET = 0.2
 
 
-def rl_summary_lines(out: Mapping[str, Any], wall_s: float) -> list[str]:
-    """``codemill rl``'s summary for an 80-column log: one row per iteration, the held-out pass rate before and
+def rl_summary_lines(out: Mapping[str, Any], wall_s: float, width: int = LOG_WIDTH) -> list[str]:
+    """``codemill rl``'s summary at ``width`` columns: one row per iteration, the held-out pass rate before and
     after with the CI of the gain, and one warning line when no group ever had a learnable signal."""
     rows = out["iterations"]
+
+    def cell(r: Mapping[str, Any], key: str, w: int, f: str) -> str:
+        value = r.get(key)
+        return f"{'-':>{w}}" if value is None else f"{num(value) if f == 'num' else format(value, f):>{w}}"
+
     lines = [f"codemill rl: {len(rows)} iterations in {wall_s:.1f}s", "",
              "".join(f"{h:>{w}}" for h, _, w, _ in RL_COLUMNS)]
-    for r in rows:
-        lines.append("".join(f"{'-':>{w}}" if r.get(k) is None else f"{r[k]:>{w}{f}}" for _, k, w, f in RL_COLUMNS))
-    lines += textwrap.wrap(f"signal: share of groups whose rewards differ, what GRPO learns from (aim for >= "
-                           f"{LEARNABLE_SHARE_TARGET:.0%})", LOG_WIDTH, subsequent_indent="  ")
+    lines += ["".join(cell(r, k, w, f) for _, k, w, f in RL_COLUMNS) for r in rows]
+    lines += wrap(f"signal: share of groups whose rewards differ, what GRPO learns from (aim for >= "
+                  f"{LEARNABLE_SHARE_TARGET:.0%})", width)
     if rows and all(r.get("signal_groups") == 0 for r in rows):
-        lines.append("no learnable signal: every group had equal rewards (try rl.warm_start or an easier set)")
+        lines += wrap("no learnable signal: every group had equal rewards (try rl.warm_start or an easier set)",
+                      width)
     h = out["heldout"]
-    lines += ["", *textwrap.wrap(
+    lines += ["", *wrap(
         f"held-out pass rate: {h['before']['rate']:.3f} -> {h['after']['rate']:.3f} (gain {h['gain']:+.3f}, "
         f"95% CI [{h['gain_ci_low']:+.3f}, {h['gain_ci_high']:+.3f}], p={h['p_value']:.3g}, "
-        f"{h['problems']} problems)", LOG_WIDTH, subsequent_indent="  ")]
+        f"{h['problems']} problems)", width)]
     if out.get("gate"):
         lines.append(f"gate: {out['gate']['verdict']}")
-    lines += textwrap.wrap(f"final policy: LoggedModel {out['model_id']}; MLflow parent run "
-                           f"{out['parent_run_id']}", LOG_WIDTH, subsequent_indent="  ")
+    lines += wrap(f"final policy: LoggedModel {out['model_id']}; MLflow parent run {out['parent_run_id']}", width)
     return lines
+
+
+PROBLEM_COUNTS = ("read", "malformed", "reference_failed", "unverified", "duplicate", "contaminated", "kept", "train",
+                  "val")
+
+
+def problem_count_lines(result: Mapping[str, Any], wall_s: float, width: int = LOG_WIDTH) -> list[str]:
+    """``codemill problems`` at ``width`` columns: each count per source and in total (the sources in as many
+    tables one under the other as the width needs), the mining steps, the artifact."""
+    summary = result["summary"]
+    status = {"cached": "skipped (cached)", "present": "skipped (in store)"}.get(result["status"], "ran")
+    sources = summary["by_source"]
+    columns = [*(Column(name, ">") for name in sources), Column("total", ">")]
+    rows = [(count, [*(str(c[count]) for c in sources.values()), str(summary["totals"][count])])
+            for count in PROBLEM_COUNTS]
+    lines = [f"codemill problems: {status} in {wall_s:.1f}s", "",
+             *table_in_parts(Column("count"), columns, rows, width)]
+    for name, counts in sources.items():
+        if counts.get("mining"):
+            lines += wrap(f"{name} mining steps: " + ", ".join(f"{k} {v}" for k, v in counts["mining"].items()),
+                          width)
+    return [*lines, *wrap(f"artifact: {result['ref']['uri']} (digest {result['ref']['digest'][:12]})", width),
+            f"MLflow run: {result['run_id']}"]
 
 
 def calibrate_advice(command: str, stages: Mapping[str, Any]) -> str:
@@ -248,22 +410,24 @@ def calibrate_advice(command: str, stages: Mapping[str, Any]) -> str:
     return f"to calibrate: {command} ({cost})"
 
 
-def calibration_lines(out: Mapping[str, Any], wall_s: float) -> list[str]:
-    """``codemill calibrate`` for an 80-column log: per metric the seed SD, item SE, SE of a comparison and
-    the MDE at 80% power, then the cost of each stage."""
-    from codemill.cost import cost_line
+CALIBRATION_COLUMNS = (("seed SD", "seed_sd"), ("item SE", "item_se"), ("SE cmp", "se_total"),
+                       ("MDE +", "mde_better"), ("MDE -", "mde_worse"))
 
-    lines = [f"codemill calibrate finished in {wall_s:.1f}s: recipe {out['recipe_key'][:12]}, "
-             f"seeds {out['seeds']}", *textwrap.wrap(f"artifact: {out['calibration']}", LOG_WIDTH), "",
-             f"{'metric':<27}{'seed SD':>9}{'item SE':>9}{'SE cmp':>9}{'MDE +':>9}{'MDE -':>9}"]
-    for r in out["metrics"]:
-        lines.append(f"{r['metric'][:26]:<27}{r['seed_sd']:>9.4f}{r['item_se']:>9.4f}{r['se_total']:>9.4f}"
-                     f"{r['mde_better']:>9.4f}{r['mde_worse']:>9.4f}")
-    lines += ["SE cmp = sqrt(item SE^2 + 2 seed SD^2): a comparison of two trainings; MDE +/-: the",
-              f"smallest improvement / regression the gate detects with 80% power (alpha {out['alpha']}).", "",
-              "cost:"]
-    lines += [cost_line(k, st["status"], st.get("cost")) for k, st in out["stages"].items()]
-    lines.append(f"registered model {out['registered_model']}; MLflow run {out['parent_run_id']}")
+
+def calibration_lines(out: Mapping[str, Any], wall_s: float, width: int = LOG_WIDTH) -> list[str]:
+    """``codemill calibrate`` at ``width`` columns: per metric the seed SD, item SE, SE of a comparison and
+    the MDE at 80% power, then the cost of each stage."""
+    root = store_root(out["stages"])
+    rows = [(r["metric"], [num(r[key]) for _, key in CALIBRATION_COLUMNS]) for r in out["metrics"]]
+    lines = [*wrap(f"codemill calibrate finished in {wall_s:.1f}s: recipe {out['recipe_key'][:12]}, "
+                   f"seeds {', '.join(map(str, out['seeds']))}", width),
+             *wrap(f"artifact: {out['calibration']}", width), "",
+             *table_in_parts(Column("metric"), [Column(h, ">") for h, _ in CALIBRATION_COLUMNS], rows, width),
+             *wrap("SE cmp = sqrt(item SE^2 + 2 seed SD^2): a comparison of two trainings; MDE +/-: the smallest "
+                   f"improvement / regression the gate detects with 80% power (alpha {out['alpha']}).", width, ""),
+             "", "cost:", *(wrap(f"store: {root}", width) if root else []),
+             *stage_table(out["stages"], root, width),
+             *wrap(f"registered model {out['registered_model']}; MLflow run {out['parent_run_id']}", width)]
     return lines
 
 

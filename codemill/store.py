@@ -156,6 +156,11 @@ class ArtifactStore:
         self.cache_dir = Path(cache_dir).absolute()
 
     # --- addressing -------------------------------------------------------------------------------------
+    @property
+    def root_uri(self) -> str:
+        """The root as the artifacts' URIs start with it."""
+        return self._uri(self.root)
+
     def _path(self, stage: str, name: str, digest: str) -> str:
         return f"{self.root}/{stage}/{name}-{digest[:12]}"
 

@@ -95,10 +95,10 @@ def latency_side_by_side(a: Manifest, b: Manifest) -> dict[str, Any]:
             "prompts": b.stats.get("prompts"), "new_tokens": b.stats.get("new_tokens")}
 
 
-def render_comparison(result: dict[str, Any]):
-    """Plain lines under 80 columns (a table of ten columns collapses to "comp…" in a log)."""
+def render_comparison(result: dict[str, Any], width: int = 80):
+    """Plain lines of ``width`` columns at most (a table of ten columns collapses to "comp…" in a log)."""
     from rich.text import Text
 
     from codemill.report import comparison_text
 
-    return Text(comparison_text(result))
+    return Text(comparison_text(result, width))

@@ -25,6 +25,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from codemill.layout import LOG_WIDTH, wrap
 from codemill.models.engines import FINISH_REASONS
 from codemill.rl.env import CUT_REASONS, Episode
 
@@ -189,11 +190,11 @@ def _check(table: pa.Table) -> list[str]:
     return problems
 
 
-def render_row(row: dict[str, Any], decode: Any, width: int = 0) -> str:
+def render_row(row: dict[str, Any], decode: Any, width: int = 0, columns: int = LOG_WIDTH) -> str:
     """One rollouts row as text to read: the prompt, then each run of sampled (mask 1) and observed (mask 0)
     tokens under a header with its turn, mask, token count and mean log-prob, and the episode's end. ``decode``
     maps token ids to text (a tokenizer's ``decode``); ``width`` > 0 cuts each block to that many characters
-    (its middle)."""
+    (its middle). The headers are wrapped at ``columns``; the decoded text is shown as the model wrote it."""
 
     def cut(text: str) -> str:
         if width <= 0 or len(text) <= width:
@@ -202,8 +203,8 @@ def render_row(row: dict[str, Any], decode: Any, width: int = 0) -> str:
 
     ids, mask, lps = row["completion_ids"], row["loss_mask"], row["logprobs"]
     starts = set(row["turn_starts"])
-    lines = [f"== {row['problem_id']} group {row['group']} sample {row['sample']}: {row['turns']} turns, "
-             f"{len(row['prompt_ids'])} prompt + {len(ids)} tokens ({sum(mask)} sampled) ==",
+    lines = [*wrap(f"== {row['problem_id']} group {row['group']} sample {row['sample']}: {row['turns']} turns, "
+                   f"{len(row['prompt_ids'])} prompt + {len(ids)} tokens ({sum(mask)} sampled) ==", columns),
              f"-- prompt (mask -, {len(row['prompt_ids'])} tokens) --", cut(decode(list(row["prompt_ids"])))]
     turn, i = 0, 0
     while i < len(ids):
@@ -217,11 +218,11 @@ def render_row(row: dict[str, Any], decode: Any, width: int = 0) -> str:
                     f"{row['turn_finish_reasons'][turn - 1]}) --")
         else:
             head = f"-- observed (mask 0, {j - i} tokens) --"
-        lines += [head, cut(decode(list(ids[i:j])))]
+        lines += [*wrap(head, columns), cut(decode(list(ids[i:j])))]
         i = j
     stats = json.loads(row.get("env_stats") or "{}")
     flagged = f", suspicious: {row['suspicious']}" if row["suspicious"] else ""
     numbers = f", {json.dumps(stats, sort_keys=True)}" if stats else ""
-    lines.append(f"== end: {row['finish_reason']}, outcome {row['outcome']}, reward {row['reward']:g} "
-                 f"(turn rewards {row['turn_rewards']}){flagged}{numbers} ==")
+    lines += wrap(f"== end: {row['finish_reason']}, outcome {row['outcome']}, reward {row['reward']:g} "
+                  f"(turn rewards {row['turn_rewards']}){flagged}{numbers} ==", columns)
     return "\n".join(lines)

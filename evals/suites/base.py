@@ -134,6 +134,11 @@ class Suite:
     # bootstrap settings: settings it reads from another section, or the machine a measurement belongs to.
     plan_config: Callable[[EvalConfig], dict[str, Any]] = field(default=lambda cfg: {})
     generates: bool = False  # samples from the model: through ``evaluate.engine``, which its digest then covers
+    headline: str = ""  # the summary key a one-line report shows (default: the first metric)
+
+    @property
+    def headline_metric(self) -> str:
+        return self.headline or self.metrics[0].name
 
     def config(self, cfg: EvalConfig) -> StageConfig:
         """This suite's section of the evaluate config (``evaluate.<name>``)."""

@@ -100,10 +100,10 @@ def test_lineage_tree_text_shows_each_link(lineage_runs):
     first = lineage_runs["first"]
     res = _cli(lineage_runs, "lineage", first["model_id"])
     assert res.exit_code == 0, res.output
-    for text in (first["model_id"], _digest(first, "train"), first["stages"]["train"]["run_id"],
-                 _digest(first, "tokenize"), _digest(first, "ingest"), lineage_runs["cfg"].ingest.sources[0].path,
-                 "val_bpb = ", "training run"):
-        assert text in res.output, text
+    for text in (first["model_id"], _digest(first, "train")[:12], first["stages"]["train"]["run_id"],
+                 _digest(first, "tokenize")[:12], _digest(first, "ingest")[:12],
+                 lineage_runs["cfg"].ingest.sources[0].path, "val_bpb ", "training run"):
+        assert text in res.output, text  # digests as the store's folder names carry them
 
 
 @pytest.mark.parametrize("ident,message", [("m-0123456789abcdef", "no LoggedModel"),

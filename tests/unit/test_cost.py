@@ -49,8 +49,12 @@ def test_run_summary_fits_80_columns():
                     "metrics": [metric]}}
     lines = summary_lines(out, 12.0)
     assert max(map(len, lines)) <= 80, "\n".join(lines)
-    text = "\n".join(lines)
-    assert "eval:completion     ran" in text and "12.3" in text and "completion-abababababab" in text
+    (row,) = [line.split() for line in lines if line.startswith("eval:completion ")]
+    assert row[1:4] == ["ran", "12.3", "20.0"] and row[-1] == "completion-abababababab"
+    assert "seed SD" not in "\n".join(lines)  # each gate metric's noise in full is --verbose's
+    verbose = summary_lines(out, 12.0, verbose=True)
+    assert max(map(len, verbose)) <= 80, "\n".join(verbose)
+    text = "\n".join(verbose)
     assert "seed SD 0.0053 (5 seeds)" in text and "MDE (80% power) better 0.0456" in text
 
 
@@ -68,8 +72,9 @@ def test_an_uncalibrated_summary_says_what_to_run_and_how_long_it_takes():
             "calibrate_advice": "codemill calibrate --seeds 10 --from-champion"}
     out = {"stages": {"train": stage("ran", 70.0), "eval:bpb": stage("ran", 20.0)}, "scores": {}, "gate": gate}
     lines = summary_lines(out, 90.0)
-    text = " ".join(" ".join(lines).split())  # wrapped lines joined back
-    assert max(map(len, lines)) <= 80
+    verbose = summary_lines(out, 90.0, verbose=True)
+    text = " ".join(" ".join(verbose).split())  # wrapped lines joined back
+    assert max(map(len, lines + verbose)) <= 80
     assert "to calibrate: codemill calibrate --seeds 10 --from-champion (about 15 min here)" in lines, lines
     assert "uncalibrated (hold below 0.45)" in text
     cached = {**out, "stages": {"train": stage("cached", 0.0), "eval:bpb": stage("ran", 20.0)}}
