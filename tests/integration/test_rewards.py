@@ -22,9 +22,12 @@ NEG = ExecProblem("neg", "def neg(x):\n", "neg", "def check(candidate):\n    ass
 PROBLEMS = {p.problem_id: p for p in (ADD, NEG)}
 
 
+LIMITS = Limits(wall_s=2.0, cpu_s=1, memory_bytes=256 << 20)
+
+
 @pytest.fixture(scope="module")
 def pool():
-    with JudgePool(Limits(wall_s=2.0, cpu_s=1, memory_bytes=256 << 20), workers=2) as p:
+    with JudgePool(LIMITS, workers=2) as p:
         yield p
 
 
@@ -56,6 +59,19 @@ def test_suspicious_samples_are_counted_by_kind(pool):
                         ("failed", "exited"), ("passed", None)]
     assert batch.suspicious == {"exited": 2, "killed": 1, "timed_out": 1}
     assert "SIGKILL" in batch.rewards[1].error and "status 0" in batch.rewards[2].error
+
+
+def test_loops_and_sleepers_end_within_their_limits_on_a_busy_machine(pool, busy_cores):
+    """With every core busy: a busy loop is not cut off before its CPU limit ends it (the load's time is not its
+    own), well inside the backstop; a program that sleeps forever gets its wall clock and no more."""
+    from codemill.sandbox.judge_pool import VERDICT_GRACE_S
+
+    loop, sleeper = pool.judge_all([(NEG, "    while True:\n        pass\n"),
+                                    (NEG, "    import time\n    time.sleep(1000)\n")])
+    assert (loop.outcome, loop.error, loop.retried) == ("timed_out", "CPU limit (killed by SIGXCPU)", False)
+    assert loop.duration_s < LIMITS.backstop_s() + VERDICT_GRACE_S + 3
+    assert (sleeper.outcome, sleeper.kind, sleeper.error) == ("timed_out", "timed_out", "wall-clock limit")
+    assert LIMITS.wall_s <= sleeper.duration_s < LIMITS.wall_s + VERDICT_GRACE_S + 3
 
 
 def test_out_of_memory_is_its_own_outcome(pool):

@@ -83,6 +83,25 @@ def test_infinite_loop_in_python_times_out(sandbox):
     assert time.monotonic() - t0 < FAST.wall_s + 3
 
 
+def test_a_sleeping_program_gets_its_wall_clock_and_no_more_on_a_busy_machine(sandbox, busy_cores):
+    """Sleep is a program's own time, not time the load took from it: however busy the machine, a program that
+    sleeps forever ends at its wall clock."""
+    res = sandbox.run("import time\ntime.sleep(1000)")
+    assert (res.outcome, res.error) == (Outcome.TIMED_OUT, "wall-clock limit")
+    assert FAST.wall_s <= res.duration_s < FAST.wall_s + 3
+
+
+def test_a_busy_loop_on_a_busy_machine_runs_until_its_cpu_limit_ends_it(bwrap_choice, busy_cores):
+    """With every core busy the loop gets a share of one: the clock does not count the time the load took, so the
+    CPU limit ends it (the CPU time it printed last is most of its CPU second), well before the backstop."""
+    limits = Limits(wall_s=2.0, cpu_s=1, memory_bytes=512 << 20)
+    res = Sandbox(limits).run("import time\nwhile True:\n    print(time.process_time(), flush=True)\n"
+                              "    sum(range(20000))")
+    assert (res.outcome, res.error) == (Outcome.TIMED_OUT, "killed by SIGXCPU")
+    assert float(res.stdout.split()[-1]) >= limits.cpu_s / 2
+    assert res.duration_s < limits.backstop_s() + 3
+
+
 def test_infinite_loop_in_c_code_times_out(sandbox):
     # catastrophic regex backtracking runs inside the C regex engine, which never checks for signals
     res = sandbox.run("import re\nre.match(r'(a+)+$', 'a' * 64 + 'b')")
