@@ -599,6 +599,9 @@ class AugmentConfig(StageConfig):
     cpu_s: int = Field(10, gt=0, description="CPU-time limit of one sandboxed program.")
     memory_mb: int = Field(1024, gt=64, description="Address-space limit of one sandboxed program.")
     workers: int | None = runtime_only(default=None, description="Parallel sandboxes; empty = CPU count.")
+    shipped: bool = runtime_only(default=True, description="The evaluation's augment step takes the copy the "
+                                 "package ships when its digest is this step's (the tiny preset's is), instead of "
+                                 "building it; false builds it in the sandbox.")
 
 
 class ProblemsConfig(StageConfig):

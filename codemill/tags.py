@@ -11,6 +11,7 @@ DIGEST = "codemill.digest"  # LoggedModel: the store digest of its weights
 OUTPUT_DIGEST = "codemill.output_digest"  # stage run: the digest of the artifact it produced
 OUTPUT_URI = "codemill.output_uri"  # stage run / LoggedModel: where that artifact lives
 REREGISTERED = "codemill.reregistered"  # stage run recorded for an artifact found in the store
+SHIPPED = "codemill.shipped"  # stage run: the package data file its artifact was taken from, not built
 MODEL_ID = "codemill.model_id"  # run / registry version: the LoggedModel it made or evaluated
 MODEL_DIGEST = "codemill.model_digest"
 MODEL_URI = "codemill.model_uri"

@@ -15,8 +15,9 @@ from typing import Any
 from codemill.config import PipelineConfig, TokenizeConfig
 from codemill.evals.calibration import recipe_of_plans
 from codemill.plan import PHASES, StagePlan, check_until
+from codemill.problems.plus.artifact import evaluation_config, plan_augment
 from codemill.store import ArtifactRef, ArtifactStore
-from codemill.tasks.augment import augment_task, evaluation_config, plan_augment
+from codemill.tasks.augment import augment_task
 from codemill.tasks.common import RunContext, StageResult
 from codemill.tasks.evaluate import evaluate_suite_task, plan_suite
 from codemill.tasks.ingest import ingest_task, plan_ingest

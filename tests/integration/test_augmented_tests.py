@@ -1,36 +1,45 @@
-"""Augmented HumanEval tests through the real sandbox: the augment stage under Prefect builds an artifact and a
-rerun finds it (cache hit); every canonical solution passes its augmented tests in the judge pool evaluation
-uses; a known-wrong solution that passes the original tests fails the augmented ones; the problems stage's
-``augment`` option strengthens a verified problem set with the same function."""
+"""Augmented HumanEval tests through the real sandbox: the augment stage under Prefect builds the tiny preset's
+artifact and a rerun finds it (cache hit); the build is what the package ships, and a new store takes the
+shipped copy instead of building; every canonical solution passes its augmented tests in the judge pool
+evaluation uses; a known-wrong solution that passes the original tests fails the augmented ones; the problems
+stage's ``augment`` option strengthens a verified problem set with the same function."""
 
 from __future__ import annotations
 
-import gzip
+import io
 import json
+import zipfile
 from pathlib import Path
 
 import polars as pl
 import pytest
+from mlflow import MlflowClient
 from prefect import flow
 from prefect.runtime import flow_run
 
+from codemill import tags as T
 from codemill.config import AugmentConfig, PipelineConfig, ProblemsConfig, ProblemSourceConfig
 from codemill.evals.humaneval import execute, load_problems, problems_file
 from codemill.flows.common import open_flow_run, run_stage_task
-from codemill.problems.plus.artifact import COUNTS_FILE, read_augmented, read_counts
+from codemill.plan import manifest_digest
+from codemill.problems.plus.artifact import COUNTS_FILE, plan_augment, read_augmented, read_counts
+from codemill.problems.plus.ship import preset_augment
+from codemill.problems.plus.shipped import SHIPPED_FROM, find_shipped, read_shipped_manifest
 from codemill.problems.problem import ExecProblem
-from codemill.problems.sets import read_problem_set
+from codemill.problems.sets import PROBLEMS_FILE, read_problem_set
 from codemill.sandbox import Limits
 from codemill.sandbox.judge_pool import JudgePool
 from codemill.store import ArtifactRef, ArtifactStore
-from codemill.tasks.augment import augment_task, plan_augment
+from codemill.tasks.augment import augment_task
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_harness")]
 
 IDS = ("HumanEval/18", "HumanEval/34", "HumanEval/40")
-# Every kept input (no reduction): which inputs a reduction keeps follows the mutants, and the wrong solution
-# below is not one of them; the pipeline test runs the reduction.
+# Every kept input (no reduction), for the problems stage's option below.
 SMALL = AugmentConfig(max_inputs=24, rounds=2, max_mutants=12, reduce=False, workers=2)
+# The shipped counts a rebuild must repeat: all but the mutant kill counts, in which a mutant slower than its
+# wall-clock budget counts as killed (so on a loaded machine a few more are).
+KILLS = ("killed_by_kept", "killed_by_original", "killed_by_augmented")
 # unique(l): "sorted unique elements". set() of small ints iterates in sorted order by accident, so the original
 # tests' one call passes; a mutated input with a large element exposes it (a classic wrong solution).
 WRONG_UNIQUE = "    return list(set(l))\n"
@@ -45,44 +54,84 @@ def augment_flow(config: PipelineConfig, path: str) -> dict:
     return result.model_dump()
 
 
+def _config(tmp: Path, name: str, augment: AugmentConfig) -> PipelineConfig:
+    home = tmp / name
+    home.mkdir(parents=True, exist_ok=True)
+    return PipelineConfig(name=f"test-{tmp.name}-{name}", store_root=str(home / "store"), work_dir=str(home / "work"),
+                          mlflow_tracking_uri=f"sqlite:///{home / 'mlflow.db'}", augment=augment)
+
+
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
+    """The tiny preset's augment step (what ``codemill run`` plans) built in the sandbox with the shipped copy
+    refused, then again (a cache hit); and the same step in a new store, which takes the shipped copy."""
     tmp = tmp_path_factory.mktemp("augment")
-    path = tmp / "subset.jsonl.gz"
-    with gzip.open(problems_file(), "rt") as src, gzip.open(path, "wt") as dst:
-        for line in src:
-            if json.loads(line)["task_id"] in IDS:
-                dst.write(line)
-    cfg = PipelineConfig(name=f"test-{tmp.name}", store_root=str(tmp / "store"), work_dir=str(tmp / "work"),
-                         mlflow_tracking_uri=f"sqlite:///{tmp / 'mlflow.db'}", augment=SMALL)
-    first = augment_flow(config=cfg, path=str(path))
-    second = augment_flow(config=cfg, path=str(path))
-    art = ArtifactStore(cfg.store_root).local_path(ArtifactStore(cfg.store_root).ref_for(
-        plan_augment(SMALL, str(path))))
-    return {"first": first, "second": second, "dir": Path(art), "path": path}
+    found = preset_augment("tiny")
+    assert found is not None
+    plan, tiny = found
+    cfg = _config(tmp, "built", tiny.model_copy(update={"shipped": False, "workers": 2}))
+    first = augment_flow(config=cfg, path=problems_file())
+    second = augment_flow(config=cfg, path=problems_file())
+    shipped_cfg = _config(tmp, "shipped", tiny)
+    shipped = augment_flow(config=shipped_cfg, path=problems_file())
+    store = ArtifactStore(cfg.store_root)
+    return {"first": first, "second": second, "shipped": shipped, "plan": plan, "cfg": cfg,
+            "shipped_cfg": shipped_cfg, "dir": store.local_path(store.ref_for(plan))}
 
 
 def test_the_artifact_is_built_once_and_found_on_a_rerun(built):
-    first, second = built["first"], built["second"]
+    first, second, plan = built["first"], built["second"], built["plan"]
     assert first["status"] == "ran" and second["status"] in ("cached", "present")
     assert second["run_id"] == first["run_id"]  # the rerun recorded nothing new: it found the artifact
-    assert first["ref"]["digest"] == second["ref"]["digest"]
-    assert first["summary"]["problems"] == 3 and first["summary"]["reference_passes"] == 3
+    assert first["ref"]["digest"] == second["ref"]["digest"] == plan.digest
+    assert first["summary"]["problems"] == 164
     counts = {r["problem_id"]: r for r in read_counts(built["dir"])}
-    assert set(counts) == set(IDS) and (built["dir"] / COUNTS_FILE).exists()
-    for r in counts.values():
+    assert (built["dir"] / COUNTS_FILE).exists() and set(IDS) <= set(counts)
+    assert SHIPPED_FROM not in ArtifactStore(built["cfg"].store_root).read_manifest(
+        ArtifactRef.model_validate(first["ref"])).stats
+    assert first["summary"]["reference_passes"] == sum(1 for r in counts.values() if r["seeded"]) > 150
+    for r in (counts[i] for i in IDS):
         assert r["kept"] > 0 and r["generated"] >= r["kept"] and r["mutants"] >= 1
         assert r["killed_by_original"] <= r["killed_by_augmented"] <= r["mutants"]
-    assert sum(r["killed_by_augmented"] - r["killed_by_original"] for r in counts.values()) >= 2
+    assert sum(r["killed_by_augmented"] - r["killed_by_original"] for r in counts.values()) >= 10
     # another config is another artifact
-    assert plan_augment(SMALL.model_copy(update={"seed": 1}), str(built["path"])).digest != first["ref"]["digest"]
-    assert plan_augment(SMALL.model_copy(update={"workers": 1}), str(built["path"])).digest == first["ref"]["digest"]
+    aug = built["cfg"].augment
+    assert plan_augment(aug.model_copy(update={"seed": 1})).digest != first["ref"]["digest"]
+    assert plan_augment(aug.model_copy(update={"workers": 1, "shipped": True})).digest == first["ref"]["digest"]
+
+
+def test_the_build_is_what_the_package_ships(built):
+    """Fails when the augmentation's output changed without a new code version: the shipped copy would then be
+    stale. Run ``python -m codemill.problems.plus.ship``, commit, and bump ``PLUS_CODE_VERSION``."""
+    path = find_shipped(built["plan"])
+    assert path is not None, "no shipped artifact for this digest: run python -m codemill.problems.plus.ship"
+    assert read_shipped_manifest(path).digest == built["first"]["ref"]["digest"]
+    with zipfile.ZipFile(path) as z:
+        problems = pl.read_parquet(io.BytesIO(z.read(PROBLEMS_FILE)))
+        counts = pl.read_parquet(io.BytesIO(z.read(COUNTS_FILE)))
+    assert pl.read_parquet(built["dir"] / PROBLEMS_FILE).equals(problems)  # the tests evaluation runs, exactly
+    assert pl.read_parquet(built["dir"] / COUNTS_FILE).drop(KILLS).equals(counts.drop(KILLS))
+
+
+def test_a_new_store_takes_the_shipped_copy_and_records_it(built):
+    result, cfg = built["shipped"], built["shipped_cfg"]
+    assert result["status"] == "ran" and result["ref"]["digest"] == built["plan"].digest
+    store = ArtifactStore(cfg.store_root)
+    manifest = store.read_manifest(ArtifactRef.model_validate(result["ref"]))
+    path = find_shipped(built["plan"])
+    assert path is not None and manifest.stats[SHIPPED_FROM] == path.name
+    assert manifest.files == read_shipped_manifest(path).files and manifest_digest(manifest) == manifest.digest
+    assert manifest.uri == result["ref"]["uri"] and manifest.input_uris == {"humaneval": problems_file()}
+    assert read_augmented(store.local_path(store.ref_for(built["plan"]))) == read_augmented(built["dir"])
+    run = MlflowClient(cfg.mlflow_tracking_uri).get_run(result["run_id"])
+    assert run.data.tags[T.SHIPPED] == path.name and run.data.tags[T.OUTPUT_DIGEST] == built["plan"].digest
+    assert run.data.metrics["problems"] == 164
 
 
 def test_canonical_passes_and_a_wrong_solution_fails_only_the_augmented_tests(built):
     augmented = read_augmented(built["dir"])
-    original = {k: v for k, v in load_problems(str(built["path"])).items()}
-    assert all("_plus_original_check(candidate)" in p.tests for p in augmented.values())
+    original = load_problems()
+    assert all("_plus_original_check(candidate)" in augmented[k].tests for k in IDS)
     assert all(len(augmented[k].test_cases) > 1 for k in IDS)
     canonical = [{"task_id": k, "completion": original[k].reference_solution} for k in IDS]
     wrong = [{"task_id": "HumanEval/34", "completion": WRONG_UNIQUE}]
