@@ -34,6 +34,23 @@ def check_tracking_server(tracking_uri: str, timeout: float = 10) -> None:
         raise TrackingServerUnavailable(f"MLflow tracking server {tracking_uri} is unreachable: {e}") from e
 
 
+MLFLOW_NAMED_TARGETS = ("databricks", "databricks-uc", "uc")  # tracking URIs without a scheme that are not paths
+
+
+def absolute_tracking_uri(tracking_uri: str) -> str:
+    """The same tracking store named so that it means one place from any working directory: a relative
+    ``sqlite:///mlflow.db`` or file store made absolute; servers and absolute paths unchanged."""
+    parsed = urllib.parse.urlparse(tracking_uri)
+    if parsed.scheme == "sqlite":
+        path = tracking_uri.removeprefix("sqlite:///")
+        if path in ("", ":memory:") or path.startswith("/"):
+            return tracking_uri
+        return f"sqlite:///{Path(path).absolute()}"
+    if parsed.scheme == "" and tracking_uri not in MLFLOW_NAMED_TARGETS:
+        return str(Path(tracking_uri).absolute())
+    return tracking_uri
+
+
 def check_local_tracking_store(tracking_uri: str) -> None:
     """A ``sqlite:///path`` or ``file:`` store: its folder must exist or be creatable, and be writable."""
     parsed = urllib.parse.urlparse(tracking_uri)

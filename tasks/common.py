@@ -14,6 +14,7 @@ from codemill import metrics
 from codemill import tags as T
 from codemill.cost import measure
 from codemill.lineage import Lineage
+from codemill.lineage_check import absolute_tracking_uri
 from codemill.plan import StagePlan
 from codemill.store import ArtifactRef, ArtifactStore, ArtifactWriter, Manifest
 
@@ -66,11 +67,12 @@ def retry_on_server_error(task: Any, task_run: Any, state: Any) -> bool:
 def artifact_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
     """The Prefect cache key is the artifact digest, the store it lives in and the tracking server that records
     it: a run on another MLflow must still reach ``run_stage``, which records the stage there (a cache hit would
-    hand back a run id from the other server's database)."""
+    hand back a run id from the other server's database). Both are made absolute, so the default relative
+    ``.codemill/store`` and ``sqlite:///mlflow.db`` of two working folders are two keys, not one."""
     plan: StagePlan = parameters["plan"]
     ctx: RunContext = parameters["ctx"]
-    store = ArtifactStore(ctx.store_root).root_url.rstrip("/")
-    return f"codemill-{plan.stage}-{plan.digest}-{store}-{ctx.tracking_uri}"
+    store = ArtifactStore(ctx.store_root).root_uri.rstrip("/")
+    return f"codemill-{plan.stage}-{plan.digest}-{store}-{absolute_tracking_uri(ctx.tracking_uri)}"
 
 
 def stage_task(name: str, **options: Any) -> Callable[[Callable[..., StageResult]], Any]:
