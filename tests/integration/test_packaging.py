@@ -34,6 +34,8 @@ def test_only_codemill_at_top_level(installed_wheel):
     assert (installed_wheel / "codemill" / "configs" / "tiny.yaml").exists()
     assert (installed_wheel / "codemill" / "repos" / "report_plugin.py").exists()  # copied into test environments
     assert (installed_wheel / "codemill" / "py.typed").exists()  # PEP 561: type checkers read the inline hints
+    shipped = sorted(p.name for p in (installed_wheel / "codemill" / "problems" / "plus" / "shipped").glob("*.zip"))
+    assert shipped == sorted(p.name for p in (REPO / "problems" / "plus" / "shipped").glob("*.zip")) != []
 
 
 def test_import_codemill_data_from_the_wheel(installed_wheel):
