@@ -9,16 +9,17 @@ import pytest
 from typer.testing import CliRunner
 
 from codemill.cli import app
+from codemill.layout import signed
 from codemill.lineage import mlflow_digest
 
 pytestmark = pytest.mark.integration
 WIDE = {"COLUMNS": "300", "NO_COLOR": "1"}
 
 
-def _cli(runs: dict[str, Any], *args: str):
+def _cli(runs: dict[str, Any], *args: str, env: dict[str, str] = WIDE):
     cfg = runs["cfg"]
     return CliRunner().invoke(app, [*args, "--store", cfg.store_root, "--tracking-uri", cfg.mlflow_tracking_uri],
-                              env=WIDE)
+                              env=env)
 
 
 def _json(runs: dict[str, Any], *args: str) -> dict:
@@ -137,7 +138,7 @@ def test_compare_matches_the_gate_of_the_second_run(lineage_runs):
 
 def test_compare_table_and_reverse(lineage_runs):
     first, second = lineage_runs["first"], lineage_runs["second"]
-    res = _cli(lineage_runs, "compare", first["model_id"], second["model_id"])
+    res = _cli(lineage_runs, "compare", first["model_id"], second["model_id"], env={**WIDE, "COLUMNS": "80"})
     assert res.exit_code == 0, res.output
     forward = _json(lineage_runs, "compare", second["model_id"], first["model_id"])
     lines = res.output.splitlines()
@@ -146,7 +147,7 @@ def test_compare_table_and_reverse(lineage_runs):
     for m in forward["metrics"]:
         start = next(i for i, ln in enumerate(lines) if ln.startswith(m["metric"] + " (+ = a better)"))
         block = "\n".join(lines[start:start + 6])
-        assert f"diff {-m['diff'] + 0.0:+.4f}" in block and f"items {m['n_items']}," in block, block
+        assert f"diff {signed(-m['diff'] + 0.0)}" in block and f"items {m['n_items']}," in block, block
     bad = _cli(lineage_runs, "compare", first["model_id"], "m-0123456789abcdef")
     assert bad.exit_code == 2, (bad.exit_code, bad.output)
     assert "no LoggedModel 'm-0123456789abcdef'" in bad.output, bad.output
