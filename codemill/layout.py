@@ -23,9 +23,7 @@ def num(x: float) -> str:
     (0.000012 is ``1.2e-05``, not ``0.0000``); zero is ``0``."""
     if x == 0:
         return "0"
-    if abs(x) >= 0.01 or x != x or abs(x) == float("inf"):
-        return f"{x:.4f}"
-    return f"{x:.3g}"
+    return f"{x:.3g}" if abs(x) < 0.01 else f"{x:.4f}"  # nan and inf compare False: "nan", "inf"
 
 
 def signed(x: float) -> str:
