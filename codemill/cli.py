@@ -36,6 +36,11 @@ PREFECT_DEFAULTS = {"PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
                     "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
 
 
+# The flow's INFO lines (Prefect's "Finished in state Completed()", the trainer's step lines, MLflow's table
+# creation) are 90-170 columns and would interleave with the progress rows; they stay in the Prefect UI (the
+# API handler is untouched) and come back on the terminal with --verbose. Warnings and errors always show.
+QUIET_CONSOLE_LOGS = {"PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL": "WARNING", "MLFLOW_LOGGING_LEVEL": "WARNING"}
+
 DEFAULT_PRESET = "tiny"
 
 
@@ -140,7 +145,8 @@ StoreOpt = Annotated[str | None, typer.Option(help="Artifact store root (path or
 UntilOpt = Annotated[str, typer.Option(help="Stop after this stage: ingest, tokenize, train or evaluate.")]
 AsJson = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table/tree.")]
 Verbose = Annotated[bool, typer.Option("--verbose", help="Also every score and each gate metric's noise in full "
-                                                         "(the MLflow run's report has both).")]
+                                                         "(the MLflow run's report has both), and the flow's log "
+                                                         "lines (the Prefect UI has them).")]
 
 
 def _check_until(until: str) -> None:
@@ -160,7 +166,7 @@ def run(config: ConfigOpt = None, source: SourceOpt = None, preset: PresetOpt = 
     cfg = build_config(config, preset, source, store)
     _check_until(until)
     _preflight(cfg, "run", until)
-    _prefect_defaults(cfg)
+    _prefect_defaults(cfg, verbose)
     _skip_final_collection()
     from codemill.flows.server import start_ephemeral_api_early
 
@@ -365,9 +371,10 @@ def _skip_final_collection() -> None:
     atexit.register(gc.freeze)
 
 
-def _prefect_defaults(cfg: PipelineConfig) -> None:
+def _prefect_defaults(cfg: PipelineConfig, verbose: bool = False) -> None:
+    """Set before Prefect and MLflow are imported: they read these once, at import."""
     os.environ.setdefault("MLFLOW_TRACKING_URI", cfg.mlflow_tracking_uri)
-    for key, value in PREFECT_DEFAULTS.items():
+    for key, value in {**PREFECT_DEFAULTS, **({} if verbose else QUIET_CONSOLE_LOGS)}.items():
         os.environ.setdefault(key, value)
 
 
@@ -415,7 +422,7 @@ def evaluate(
             section.unsafe_no_sandbox = unsafe_no_sandbox  # type: ignore[attr-defined]
     cfg.gate.enabled = not no_gate
     _preflight(cfg, "evaluate")
-    _prefect_defaults(cfg)
+    _prefect_defaults(cfg, verbose)
     from codemill.flows.evaluate import evaluate as evaluate_flow
 
     t0 = time.perf_counter()
