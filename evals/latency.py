@@ -32,6 +32,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from importlib import metadata
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -182,19 +183,47 @@ def visible_gpu() -> str:
     return f"cuda:{visible} {out.splitlines()[0]}" if out else f"cuda:{visible}"
 
 
+def torch_build() -> dict[str, Any]:
+    """The constants of the installed torch's ``version.py`` (``__version__``, ``cuda``, ``hip``, ...), read without
+    importing torch (seconds of a no-change rerun, which only plans); empty when it cannot be read."""
+    import ast
+    from importlib.util import find_spec
+
+    spec = find_spec("torch")
+    folder = spec.submodule_search_locations if spec is not None else None
+    out: dict[str, Any] = {}
+    try:
+        tree = ast.parse(Path(next(iter(folder or ())), "version.py").read_text(encoding="utf-8"))
+    except (OSError, StopIteration, SyntaxError):
+        return out
+    for node in tree.body:
+        target = node.target if isinstance(node, ast.AnnAssign) else (
+            node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None)
+        if isinstance(target, ast.Name) and isinstance(node.value, ast.Constant):
+            out[target.id] = node.value.value
+    return out
+
+
 def machine_identity(label: str = "", threads: int | None = None) -> dict[str, Any]:
     """What a latency number is a property of besides the checkpoint, hashed into the latency suite's digest:
     the hardware class (CPU model, CPUs this process may use, the GPU the eval runs on), the threads torch uses
     and the software versions that run the model. Not the host name: two machines of one class measure the same
     thing and share the result; ``label`` keeps hosts apart (or forces a new measurement) when that is wanted.
-    ``threads``: the thread count the timing will set (None: the process's own)."""
-    import torch
+    ``threads``: the thread count the timing will set (None: the process's own).
 
-    cuda = torch.cuda.is_available()
+    A torch built without CUDA or ROCm sees no GPU, so with ``threads`` given nothing here needs torch imported
+    (the same values as ``torch.__version__`` and ``torch.cuda.is_available()``); otherwise it is asked."""
+    build = torch_build()
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return {"label": label, "arch": platform.machine(), "cpu": cpu_model(), "cpus": cpus,
-            "threads": threads or torch.get_num_threads(), "device": visible_gpu() if cuda else "cpu",
-            "torch": torch.__version__, "cuda": torch.version.cuda if cuda else None,
+    if threads and "__version__" in build and build.get("cuda") is None and build.get("hip") is None:
+        version, cuda, cuda_version = build["__version__"], False, None
+    else:
+        import torch
+
+        version, cuda = torch.__version__, torch.cuda.is_available()
+        cuda_version, threads = torch.version.cuda if cuda else None, threads or torch.get_num_threads()
+    return {"label": label, "arch": platform.machine(), "cpu": cpu_model(), "cpus": cpus, "threads": threads,
+            "device": visible_gpu() if cuda else "cpu", "torch": version, "cuda": cuda_version,
             "transformers": _version("transformers")}
 
 

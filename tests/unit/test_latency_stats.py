@@ -82,6 +82,33 @@ def test_prompts_are_evenly_spaced_and_deterministic():
     assert suite.pick(5, 5) == [0, 1, 2, 3, 4]
 
 
+def test_the_machine_read_without_torch_is_the_one_torch_reports():
+    """The plan reads torch's build from its version.py instead of importing it: same identity, same digest."""
+    import torch
+
+    cuda = torch.cuda.is_available()
+    expected = {"torch": torch.__version__, "cuda": torch.version.cuda if cuda else None,
+                "device": lat.visible_gpu() if cuda else "cpu"}
+    for threads in (1, 3, None):
+        found = lat.machine_identity("x", threads)
+        assert {k: found[k] for k in expected} == expected
+        assert found["threads"] == (threads or torch.get_num_threads())
+    assert lat.torch_build()["__version__"] == torch.__version__
+
+
+def test_planning_latency_with_set_threads_does_not_import_a_cpu_torch():
+    import subprocess
+    import sys
+
+    build = lat.torch_build()
+    if build.get("cuda") is not None or build.get("hip") is not None:
+        pytest.skip("a GPU build of torch: whether a GPU is visible is asked of torch")
+    code = ("import sys; from codemill.evals.latency import machine_identity; machine_identity('', 1); "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "False"
+
+
 def test_the_digest_holds_the_machine_and_a_label_measures_again(tmp_path):
     from codemill.store import ArtifactStore
     from codemill.tasks.evaluate import plan_suite
