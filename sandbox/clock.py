@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from codemill.sandbox.procstat import Usage
 
 POLL_S = 0.05  # the least the deadline moves on by at a check: a sample gets at most this much past its budget
+FRAME_GRACE_S = 1.0
 TIMED_OUT, STARVED = "timed_out", "starved"
 
 
@@ -48,6 +49,11 @@ class LoadClock:
 
     def hard_deadline(self) -> float:
         return self.start + self.backstop_s
+
+    def frame_deadline(self) -> float:
+        """Until when the rest of an answer whose first bytes are in may take: the backstop, or a little longer
+        when they came in just before it."""
+        return max(self.hard_deadline(), time.monotonic() + FRAME_GRACE_S)
 
     def own_s(self, now: float) -> float:
         return now - self.start - self.credit_s
@@ -73,14 +79,15 @@ def credit(usage: Usage, elapsed: float) -> float:
 
 
 def wait_readable(sock: socket.socket, clock: LoadClock, usage: Callable[[], Usage | None]) -> str | None:
-    """Block until ``sock`` has data or is closed (None), or the clock ends the sample (TIMED_OUT / STARVED)."""
+    """Block until ``sock`` has data or is closed (None), or the clock ends the sample (TIMED_OUT / STARVED).
+    An answer already there when a deadline is looked at counts: a host the load kept from looking in time
+    must not turn a sample that finished into a time-out."""
     poller = select.poll()
     poller.register(sock.fileno(), select.POLLIN | select.POLLHUP | select.POLLERR)
     while True:
-        left = clock.deadline() - time.monotonic()
-        if left > 0:
-            if poller.poll(left * 1000):
-                return None
+        if poller.poll(max(0.0, clock.deadline() - time.monotonic()) * 1000):
+            return None
+        if time.monotonic() < clock.deadline():
             continue
         ended = clock.check(usage())
         if ended is not None:

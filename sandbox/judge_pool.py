@@ -239,7 +239,7 @@ class JudgePool:
             try:
                 host_kind = wait_readable(verdict_host, clock, usage) or ""
                 if not host_kind:
-                    reply = recv_frame(verdict_host, deadline=clock.hard_deadline())
+                    reply = recv_frame(verdict_host, deadline=clock.frame_deadline())
                     verdict = reply.get("verdict") if isinstance(reply.get("verdict"), dict) else None
                     host_kind = "" if verdict else "no_verdict"
             except ChannelTimeout:

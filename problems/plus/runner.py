@@ -234,4 +234,4 @@ class BatchRunner:
         ended = wait_readable(host, clock, usage)
         if ended is not None:
             raise ChannelTimeout(ended)
-        return recv_frame(host, deadline=clock.hard_deadline())
+        return recv_frame(host, deadline=clock.frame_deadline())

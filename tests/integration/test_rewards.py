@@ -3,6 +3,8 @@ per-batch count of samples that deserve a look."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
 
 import pytest
@@ -72,6 +74,32 @@ def test_loops_and_sleepers_end_within_their_limits_on_a_busy_machine(pool, busy
     assert loop.duration_s < LIMITS.backstop_s() + VERDICT_GRACE_S + 3
     assert (sleeper.outcome, sleeper.kind, sleeper.error) == ("timed_out", "timed_out", "wall-clock limit")
     assert LIMITS.wall_s <= sleeper.duration_s < LIMITS.wall_s + VERDICT_GRACE_S + 3
+
+
+@pytest.fixture
+def one_cpu():
+    """This process, every thread of it (and so every sandbox it starts from now on), on one CPU; then back."""
+    tids = [int(t) for t in os.listdir("/proc/self/task")]
+    before = {tid: os.sched_getaffinity(tid) for tid in tids}
+    one = {min(os.sched_getaffinity(0))}
+    for tid in tids:
+        os.sched_setaffinity(tid, one)
+    yield
+    for tid, cpus in before.items():
+        with contextlib.suppress(ProcessLookupError):
+            os.sched_setaffinity(tid, cpus)
+
+
+def test_a_sample_held_back_to_the_backstop_is_judged_again_alone(one_cpu):
+    """Sixteen workers on one CPU, sixteen right answers that need 0.1 s of CPU each: their share is less than
+    that by the backstop (1.5 s), so the first run ends them starved; each is judged once more with nothing else
+    of the pool running, passes, and its row says it was retried."""
+    slow_right = "    import time\n    t = time.process_time()\n    while time.process_time() - t < 0.1:\n" \
+                 "        pass\n    return -x\n"
+    with JudgePool(Limits(wall_s=0.5, cpu_s=5, backstop=2), workers=16) as crowded:
+        judged = crowded.judge_all([(NEG, slow_right)] * 16)
+    assert [(j.outcome, j.kind) for j in judged] == [("passed", "passed")] * 16
+    assert any(j.retried for j in judged)
 
 
 def test_out_of_memory_is_its_own_outcome(pool):
