@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ from prefect.artifacts import (
 
 from codemill.lineage import Lineage
 from codemill.report import eval_report_markdown, ingest_table, loss_curve_png, skipped_suites
-from codemill.store import ArtifactStore
+from codemill.store import ArtifactRef, ArtifactStore
 from codemill.tasks.common import StageResult
 
 LOSS_PNG = "loss_curve.png"
@@ -36,12 +37,25 @@ def mlflow_ui_links(tracking_uri: str, experiment_id: str, run_id: str, model_id
     return links
 
 
-def publish_loss_curve(store: ArtifactStore, lineage: Lineage, model: StageResult, parent_run_id: str) -> None:
-    with store.open_file(model.ref, "train_summary.json", "r") as fh:
+def loss_curve(store: ArtifactStore, model: ArtifactRef) -> bytes:
+    """A train artifact's loss curve as PNG, drawn once and kept in the store's cache folder: every later run of
+    the same model logs the same picture, and matplotlib's import and the drawing cost a second of each rerun."""
+    cached = store.cache_dir / "loss-curves" / f"{model.name}-{model.short}.png"
+    if cached.is_file():
+        return cached.read_bytes()
+    with store.open_file(model, "train_summary.json", "r") as fh:
         summary = json.load(fh)
-    png = loss_curve_png(summary["losses"], summary.get("val_losses"), f"training loss ({model.ref.short})")
-    publish_png(lineage, png, LOSS_PNG, "loss-curve", "training loss per step (val at checkpoints)",
-                parent_run_id, model.run_id)
+    png = loss_curve_png(summary["losses"], summary.get("val_losses"), f"training loss ({model.short})")
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    partial = cached.with_name(f".{cached.name}.{os.getpid()}")
+    partial.write_bytes(png)
+    os.replace(partial, cached)  # whole or absent, whoever else draws it at the same time
+    return png
+
+
+def publish_loss_curve(store: ArtifactStore, lineage: Lineage, model: StageResult, parent_run_id: str) -> None:
+    publish_png(lineage, loss_curve(store, model.ref), LOSS_PNG, "loss-curve",
+                "training loss per step (val at checkpoints)", parent_run_id, model.run_id)
 
 
 def publish_png(lineage: Lineage, png: bytes, file_name: str, key: str, description: str, parent_run_id: str,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -51,6 +52,15 @@ def flow_run_metrics(config: PipelineConfig, flow_name: str) -> Iterator[None]:
     with flow_metrics(config.metrics.gateway(), flow_name, str(flow_run.id or "local"),
                       config.metrics.push_interval_s, config.metrics.delete_finished):
         yield
+
+
+def close_live_vllm() -> None:
+    """Close the process's vLLM engine (``evaluate.engine`` / ``rl.rollout.engine`` vllm), if one was started. Only
+    the engines module starts one, so when it was never imported (a rerun that generated nothing) there is none,
+    and torch, which that module imports, is not loaded for nothing (seconds)."""
+    engines = sys.modules.get("codemill.models.engines")
+    if engines is not None:
+        engines.close_live_vllm()
 
 
 def run_stage_task(task: Any, store: ArtifactStore, **params: Any) -> StageResult:

@@ -13,7 +13,15 @@ from codemill import tags as T
 from codemill.config import PipelineConfig
 from codemill.evals.calibration import gate_noise, recipe_key
 from codemill.evals.suites import SUITE_OF_METRIC
-from codemill.flows.common import eval_results, execute, flow_result, flow_run_metrics, flow_run_url, open_flow_run
+from codemill.flows.common import (
+    close_live_vllm,
+    eval_results,
+    execute,
+    flow_result,
+    flow_run_metrics,
+    flow_run_url,
+    open_flow_run,
+)
 from codemill.flows.hooks import record_failure_on_mlflow
 from codemill.flows.plan import config_recipe, plan_evaluations
 from codemill.lineage import Registry
@@ -92,8 +100,6 @@ def evaluate(model: str, config: PipelineConfig = PipelineConfig(), corpus: str 
         with flow_run_metrics(config, "evaluate"):
             return _evaluate(model, config, corpus, samples_file)
     finally:
-        from codemill.models.engines import close_live_vllm
-
         close_live_vllm()  # the suites' vLLM engine (evaluate.engine vllm): its memory back for what follows
 
 

@@ -19,6 +19,7 @@ from codemill import tags as T
 from codemill.config import PipelineConfig
 from codemill.flows.artifacts import publish_run_artifacts
 from codemill.flows.common import (
+    close_live_vllm,
     eval_results,
     execute,
     flow_result,
@@ -46,8 +47,6 @@ def run_pipeline(config: PipelineConfig, until: str = "evaluate", flow_name: str
         with flow_run_metrics(config, flow_name):
             return _run_pipeline(config, until, flow_name)
     finally:
-        from codemill.models.engines import close_live_vllm
-
         close_live_vllm()  # the suites' vLLM engine (evaluate.engine vllm)
 
 

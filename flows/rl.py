@@ -22,7 +22,15 @@ from prefect.runtime import flow_run
 from codemill import tags as T
 from codemill.config import PipelineConfig
 from codemill.flows.artifacts import publish_png
-from codemill.flows.common import eval_results, execute, flow_result, flow_run_metrics, flow_run_url, open_flow_run
+from codemill.flows.common import (
+    close_live_vllm,
+    eval_results,
+    execute,
+    flow_result,
+    flow_run_metrics,
+    flow_run_url,
+    open_flow_run,
+)
 from codemill.flows.evaluate import evaluate_resolved, gate_against_champion, latest_corpus
 from codemill.flows.hooks import config_of, record_failure_on_mlflow, tag_current_flow_run
 from codemill.flows.plan import Step, plan_pipeline
@@ -155,7 +163,6 @@ def rl(config: PipelineConfig = PipelineConfig(), model: str | None = None) -> d
         with flow_run_metrics(config, "rl"):
             return run_rl(config, model)
     finally:
-        from codemill.models.engines import close_live_vllm
         from codemill.rl.update_workers import close_live_workers
 
         close_live_vllm()  # the rollouts' vLLM engine (rl.rollout.engine vllm): its memory back for what follows
