@@ -2,8 +2,9 @@
 
 A plain wall clock makes a verdict depend on how busy the machine is: a correct program that needs 0.2 s of
 CPU, starved by other work, runs past a 1 s limit and is judged "timed out". This clock counts a sample's *own*
-time instead: the wall time elapsed, less the time its answering process waited on a run queue for a CPU
-(``procstat.Usage.waited_s``), but never less than the CPU time all its processes used. So
+time instead: the wall time elapsed, less the time its answering process (and the fork server that started it)
+waited on a run queue for a CPU (``procstat.Usage.waited_s``), but never less than the CPU time all its processes
+used. So
 
 - a busy loop times out once it has used the budget in CPU seconds, loaded machine or not;
 - a sleeping or blocked program times out when the budget has passed (sleep is its own time, not a wait);
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 from codemill.sandbox.procstat import Usage
 
 POLL_S = 0.05  # the least the deadline moves on by at a check: a sample gets at most this much past its budget
-FRAME_GRACE_S = 1.0
+FRAME_GRACE_S = 1.0  # the rest of an answer whose first bytes came in just before the backstop
 TIMED_OUT, STARVED = "timed_out", "starved"
 
 
