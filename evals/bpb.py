@@ -51,10 +51,11 @@ def window_nll(model: torch.nn.Module, windows: list[list[int]], pad_id: int, ba
             ids[row, :len(w)] = torch.tensor(w)
             mask[row, :len(w)] = 1
         ids, mask = ids.to(device), mask.to(device)
-        logits = model(input_ids=ids, attention_mask=mask).logits.float()
-        logp = torch.log_softmax(logits[:, :-1], dim=-1)
-        target = ids[:, 1:]
-        nll = -logp.gather(-1, target.unsqueeze(-1)).squeeze(-1) * mask[:, 1:]
+        logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
+        target = ids[:, 1:].unsqueeze(-1)
+        # -log_softmax(x)[t] = logsumexp(x) - x[t]: one pass over the vocabulary, and no second batch x window x
+        # vocabulary tensor (the normalised one), which on a CPU costs more memory traffic than a small model's math
+        nll = (torch.logsumexp(logits, dim=-1) - logits.gather(-1, target).squeeze(-1)) * mask[:, 1:]
         out[idx] = nll.sum(dim=1).double().cpu().numpy()
     return out
 

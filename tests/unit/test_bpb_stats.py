@@ -48,6 +48,37 @@ def test_file_nll_of_uniform_model_is_tokens_times_log_vocab():
     assert nll == pytest.approx([len(d) * math.log(64) for d in docs])
 
 
+class RandomLM(torch.nn.Module):
+    """Logits from the token and its position, so windows and padding matter."""
+
+    def __init__(self, vocab):
+        super().__init__()
+        gen = torch.Generator().manual_seed(0)
+        self.table = torch.randn(vocab, vocab, generator=gen) * 3
+        self.pos = torch.randn(64, vocab, generator=gen)
+
+    def forward(self, input_ids, attention_mask=None):
+        class Out:
+            pass
+        o = Out()
+        o.logits = self.table[input_ids] + self.pos[: input_ids.shape[1]]
+        return o
+
+
+def test_file_nll_is_the_log_softmax_of_every_predicted_token():
+    docs = [[5, 6, 7], list(range(2, 30)), [9], [3] * 17]
+    model = RandomLM(40)
+    nll = file_nll(model, docs, bos_id=0, pad_id=1, context_len=8, batch_size=3, device=torch.device("cpu"))
+    expected = []
+    for d in docs:
+        total = 0.0
+        for w in windows_for(d, 0, 8):
+            logp = torch.log_softmax(model(torch.tensor([w])).logits[0].double(), dim=-1)
+            total -= sum(float(logp[i, w[i + 1]]) for i in range(len(w) - 1))
+        expected.append(total)
+    assert nll == pytest.approx(expected, rel=1e-6)
+
+
 def test_bootstrap_ci_contains_point_and_shrinks_with_n():
     rng = np.random.default_rng(0)
     num, den = rng.gamma(2.0, size=400), rng.integers(50, 500, size=400).astype(float)
