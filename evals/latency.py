@@ -197,10 +197,9 @@ def torch_build() -> dict[str, Any]:
     except (OSError, StopIteration, SyntaxError):
         return out
     for node in tree.body:
-        target = node.target if isinstance(node, ast.AnnAssign) else (
-            node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None)
-        if isinstance(target, ast.Name) and isinstance(node.value, ast.Constant):
-            out[target.id] = node.value.value
+        if isinstance(node, ast.AnnAssign | ast.Assign) and isinstance(node.value, ast.Constant):
+            targets = [node.target] if isinstance(node, ast.AnnAssign) else node.targets
+            out |= {t.id: node.value.value for t in targets if isinstance(t, ast.Name)}
     return out
 
 
