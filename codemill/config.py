@@ -74,6 +74,7 @@ DEFAULT_LANGUAGES = {
     ".toml": "toml", ".xml": "xml", ".f90": "fortran", ".hs": "haskell", ".ml": "ocaml", ".ex": "elixir",
     ".erl": "erlang", ".dart": "dart", ".zig": "zig",
 }
+FOLDER_WALK_FIELDS = ("include", "exclude", "skip_dirs", "follow_external_symlinks")
 SourceKind = Literal["folder", "parquet", "jsonl", "hf_disk", "hf_hub"]
 
 
@@ -123,6 +124,15 @@ class SourceConfig(StageConfig):
             if "exclude" not in self.model_fields_set:
                 self.exclude = list(STDLIB_EXCLUDES)
         return self
+
+    def digest_config(self) -> dict[str, Any]:
+        """A table or dataset source hashes none of the folder walk's settings: they never touch its rows, so a
+        change of the folder defaults does not re-ingest it."""
+        out = super().digest_config()
+        if self.kind != "folder":
+            for name in FOLDER_WALK_FIELDS:
+                del out[name]
+        return out
 
 
 class FilterConfig(StageConfig):

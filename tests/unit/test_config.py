@@ -1,7 +1,7 @@
 import pytest
 import yaml
 
-from codemill.config import PipelineConfig, TrainConfig, load_config, load_preset, preset_names
+from codemill.config import PipelineConfig, SourceConfig, TrainConfig, load_config, load_preset, preset_names
 
 
 def test_presets_load():
@@ -128,3 +128,14 @@ def test_format_validation_error_without_source_text():
         "preset x: ingest.near_dedup.treshold: unknown field 'treshold'; did you mean 'threshold'?",
         "preset x: gate.alpha: expected less than 1; got 2",
     ]
+
+
+def test_table_sources_hash_none_of_the_folder_walk():
+    """A Parquet source's digest ignores include/exclude/skip_dirs (they never touch its rows); a folder's
+    does not."""
+    parquet = SourceConfig(kind="parquet", path="data/*.parquet")
+    narrowed = SourceConfig(kind="parquet", path="data/*.parquet", include=["**/*.rs"], skip_dirs=[])
+    assert parquet.digest_config() == narrowed.digest_config()
+    assert "include" not in parquet.digest_config()
+    folder = SourceConfig(path="/src/repo")
+    assert folder.digest_config() != SourceConfig(path="/src/repo", include=["**/*.rs"]).digest_config()
