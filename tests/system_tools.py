@@ -37,9 +37,9 @@ class SystemTool:
 TOOLS: dict[str, SystemTool] = {t.name: t for t in [
     SystemTool("chromium", ("chromium",), "chromium", "the MLflow UI test drives it with Playwright"),
     SystemTool("prometheus", ("prometheus", "promtool"), "prometheus",
-               "the metrics tests scrape with it; the alert rules are unit-tested with promtool"),
+               "the metrics tests query what runs pushed; the alert rules are unit-tested with promtool"),
     SystemTool("pushgateway", ("prometheus-pushgateway",), "prometheus-pushgateway",
-               "the metrics tests push to it"),
+               "the metrics tests, Ray rollout workers' included, push to it"),
     SystemTool("bwrap", ("bwrap",), "bubblewrap",
                "the sandbox tests also run on the system's bwrap (the bundled one always runs)"),
     SystemTool("setpriv", ("setpriv",), "util-linux",

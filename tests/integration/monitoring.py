@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from tests.conftest import free_port
+from tests.system_tools import require
 
 MONITORING = Path(__file__).resolve().parents[2] / "deployments" / "monitoring"
 
@@ -85,7 +86,10 @@ def prometheus_config(pushgateway: str, serve: str) -> dict[str, Any]:
 
 @contextmanager
 def running_monitoring(root: Path, serve: str) -> Iterator[Monitoring]:
-    """A Pushgateway and a Prometheus scraping it and ``serve`` (a /metrics endpoint), stopped afterwards."""
+    """A Pushgateway and a Prometheus scraping it and ``serve`` (a /metrics endpoint), stopped afterwards. Skips
+    (or fails under ``.ci/run``) where either program is missing, for every test that starts them."""
+    require("pushgateway")
+    require("prometheus")
     procs: list[subprocess.Popen] = []
     try:
         pgw = f"127.0.0.1:{free_port()}"

@@ -84,6 +84,7 @@ def test_ray_workers_give_the_single_process_rollouts(policies):
     assert not ray.is_initialized()
 
 
+@pytest.mark.system_tool("prometheus", "pushgateway")
 def test_ray_workers_push_their_rollout_and_sandbox_metrics(policies, tmp_path):
     """A Ray worker does not share the flow run's registry: it pushes its own counts to the run's group with its
     index as ``worker``, and together they count every sample the run collected."""
