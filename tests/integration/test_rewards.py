@@ -91,10 +91,11 @@ def one_cpu():
 
 
 def test_a_sample_held_back_to_the_backstop_is_judged_again_alone(one_cpu):
-    """Sixteen workers on one CPU, sixteen right answers that need 0.1 s of CPU each: their share is less than
-    that by the backstop (1.5 s), so the first run ends them starved; each is judged once more with nothing else
-    of the pool running, passes, and its row says it was retried."""
-    slow_right = "    import time\n    t = time.process_time()\n    while time.process_time() - t < 0.1:\n" \
+    """Sixteen workers on one CPU, sixteen right answers that need 0.3 s of CPU each (4.8 s in all): by the
+    backstop (2 x 0.5 s) the CPU has had 1 s to share among them, on two CPUs 2 s, so the first run ends some
+    starved however their starts are staggered; each is judged once more with nothing else of the pool running,
+    passes, and its row says it was retried."""
+    slow_right = "    import time\n    t = time.process_time()\n    while time.process_time() - t < 0.3:\n" \
                  "        pass\n    return -x\n"
     with JudgePool(Limits(wall_s=0.5, cpu_s=5, backstop=2), workers=16) as crowded:
         judged = crowded.judge_all([(NEG, slow_right)] * 16)
