@@ -8,6 +8,7 @@ from typing import Protocol
 class ProgressSink(Protocol):
     def stage(self, name: str, message: str) -> None: ...
     def update(self, name: str, done: int, total: int) -> None: ...
+    def finished(self, name: str, message: str) -> None: ...
 
 
 class _Silent:
@@ -15,6 +16,9 @@ class _Silent:
         pass
 
     def update(self, name: str, done: int, total: int) -> None:
+        pass
+
+    def finished(self, name: str, message: str) -> None:
         pass
 
 

@@ -12,7 +12,16 @@ import os
 import sys
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, ProgressColumn, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    Progress,
+    ProgressColumn,
+    SpinnerColumn,
+    Task,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Column
 
 from codemill.layout import relative_to
@@ -73,7 +82,22 @@ class RichSink:
 
     def stage(self, name: str, message: str) -> None:
         words = [relative_to(w, self.store_root) for w in message.split(" ")]
-        self.bar.update(self._row(name), status=" ".join(words))
+        row = self._row(name)
+        task = self._task(row)
+        if task.finished and not task.fields.get("count"):  # a row without a count (eval) runs on: next suite
+            task.total, task.finished_time = None, None  # update() reads total=None as "unchanged"
+        self.bar.update(row, status=" ".join(words))
+
+    def _task(self, row: TaskID) -> Task:
+        return next(t for t in self.bar.tasks if t.id == row)
 
     def update(self, name: str, done: int, total: int) -> None:
         self.bar.update(self._row(name), completed=done, total=total, count=f"{done}/{total}")
+
+    def finished(self, name: str, message: str) -> None:
+        """The row's last message; its spinner and clock stop at the time the stage took. A later message for
+        the same row (the next eval suite) starts them again."""
+        self.stage(name, message)
+        row = self._row(name)
+        done = max(self._task(row).completed, 1)
+        self.bar.update(row, total=done, completed=done)

@@ -73,7 +73,7 @@ def run_stage_task(task: Any, store: ArtifactStore, **params: Any) -> StageResul
     if state.name == "Cached":
         result = result.model_copy(update={"status": "cached", "cost": {}})  # nothing spent in this run
         metrics.get().stage_runs.labels(result.ref.stage, "cached").inc()  # run_stage did not run to count it
-    progress.sink().stage(result.ref.stage, f"{result.status}: {result.ref.uri}")
+    progress.sink().finished(result.ref.stage, f"{result.status}: {result.ref.uri}")
     return result
 
 
