@@ -34,6 +34,10 @@ console = Console()
 # 20 s default on a small machine; analytics would only try to reach the network.
 PREFECT_DEFAULTS = {"PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
                     "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+# torch's CPU threads (libgomp) spin while they wait for work. When anything else uses the cores, a spinning thread
+# holds the core its partner needs: the eval suites ran 3-10 times slower on a shared 2-core machine than with
+# sleeping threads, which are about as fast on a quiet one. Read when torch loads, so set before any command.
+THREAD_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE"}
 
 
 # The flow's INFO lines (Prefect's "Finished in state Completed()", the trainer's step lines, MLflow's table
@@ -86,6 +90,8 @@ def main(debug: Annotated[bool, typer.Option("--debug", help="Show the traceback
     """codemill: code corpus -> tokens -> checkpoints -> evaluated models."""
     if debug:
         os.environ[DEBUG_ENV] = "1"
+    for key, value in THREAD_DEFAULTS.items():
+        os.environ.setdefault(key, value)
     from codemill.progress_view import silence_library_bars
 
     silence_library_bars()

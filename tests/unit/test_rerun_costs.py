@@ -1,5 +1,6 @@
-"""What a no-change rerun does not pay for again: planning the tiny preset and closing the run load neither torch
-nor transformers, and a model's loss curve is drawn once, then read back."""
+"""What a run does not pay for needlessly: planning the tiny preset and closing the run load neither torch nor
+transformers, a model's loss curve is drawn once, then read back, and torch's threads sleep instead of spinning
+while they wait (unless the user says otherwise)."""
 
 from __future__ import annotations
 
@@ -49,3 +50,25 @@ def test_a_loss_curve_is_drawn_once_per_model(tmp_path):
     assert cached.read_bytes() == png and cached.name == f"model-{ref.short}.png"
     cached.write_bytes(b"drawn before")
     assert loss_curve(store, ref) == b"drawn before"  # read back, not drawn again
+
+
+THREADS = """
+import os, sys
+from codemill.cli import app
+try:
+    app(["presets"])
+except SystemExit:
+    pass
+print(os.environ.get("OMP_WAIT_POLICY"))
+"""
+
+
+def test_every_command_lets_torch_threads_sleep_unless_told_otherwise():
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    for given, expected in ((None, "PASSIVE"), ("ACTIVE", "ACTIVE")):
+        run_env = env if given is None else {**env, "OMP_WAIT_POLICY": given}
+        out = subprocess.run([sys.executable, "-c", THREADS], env=run_env, capture_output=True, text=True,
+                             timeout=120, check=True)
+        assert out.stdout.strip().splitlines()[-1] == expected
