@@ -179,7 +179,9 @@ def run(config: ConfigOpt = None, source: SourceOpt = None, preset: PresetOpt = 
     server_ready = start_ephemeral_api_early()  # boots while the flow modules import
     from codemill.flows.common import with_task_runner
     from codemill.flows.pipeline import pipeline
+    from codemill.lineage import preload_store
 
+    preload_store(cfg.mlflow_tracking_uri)  # still waiting for the server: the first MLflow call's import, now
     server_ready()
     t0 = time.perf_counter()
     with _known_failures(), _progress(cfg):

@@ -113,6 +113,17 @@ class _GuardedClient:
         return call
 
 
+DATABASE_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql")  # MLflow's SQLAlchemy store (``scheme[+driver]://``)
+
+
+def preload_store(tracking_uri: str) -> None:
+    """Import the MLflow store module a database ``tracking_uri`` needs (a second: SQLAlchemy and MLflow's models),
+    which MLflow otherwise imports at the first client. The CLI calls this while Prefect's temporary server boots,
+    time it spends waiting anyway."""
+    if tracking_uri.split(":", 1)[0].split("+", 1)[0] in DATABASE_SCHEMES:
+        import mlflow.store.tracking.sqlalchemy_store  # noqa: F401
+
+
 def guarded_client(tracking_uri: str) -> MlflowClient:
     """The client every codemill MLflow call goes through (lineage writes and the lineage reader)."""
     from typing import cast

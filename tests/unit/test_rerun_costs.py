@@ -1,6 +1,6 @@
 """What a run does not pay for needlessly: planning the tiny preset and closing the run load neither torch nor
-transformers, a model's loss curve is drawn once, then read back, and torch's threads sleep instead of spinning
-while they wait (unless the user says otherwise)."""
+transformers, a model's loss curve is drawn once, then read back, torch's threads sleep instead of spinning while
+they wait (unless the user says otherwise), and MLflow's database store is imported ahead only when it is used."""
 
 from __future__ import annotations
 
@@ -72,3 +72,20 @@ def test_every_command_lets_torch_threads_sleep_unless_told_otherwise():
         out = subprocess.run([sys.executable, "-c", THREADS], env=run_env, capture_output=True, text=True,
                              timeout=120, check=True)
         assert out.stdout.strip().splitlines()[-1] == expected
+
+
+PRELOAD = """
+import sys
+from codemill.lineage import preload_store
+preload_store(sys.argv[1])
+print("mlflow.store.tracking.sqlalchemy_store" in sys.modules)
+"""
+
+
+def test_the_database_store_module_is_imported_ahead_only_for_a_database_uri():
+    """The CLI imports it while Prefect's temporary server boots; a server URI has nothing to import ahead."""
+    for uri, expected in (("sqlite:///mlflow.db", "True"), ("postgresql+psycopg2://u@h/db", "True"),
+                          ("http://127.0.0.1:5000", "False")):
+        out = subprocess.run([sys.executable, "-c", PRELOAD, uri], capture_output=True, text=True, timeout=120,
+                             check=True)
+        assert out.stdout.strip().splitlines()[-1] == expected, uri
