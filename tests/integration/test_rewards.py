@@ -91,13 +91,13 @@ def one_cpu():
 
 
 def test_a_sample_held_back_to_the_backstop_is_judged_again_alone(one_cpu):
-    """Sixteen workers on one CPU, sixteen right answers that need 0.3 s of CPU each (4.8 s in all): by the
-    backstop (2 x 0.5 s) the CPU has had 1 s to share among them, on two CPUs 2 s, so the first run ends some
-    starved however their starts are staggered; each is judged once more with nothing else of the pool running,
-    passes, and its row says it was retried."""
-    slow_right = "    import time\n    t = time.process_time()\n    while time.process_time() - t < 0.3:\n" \
+    """Sixteen workers, sixteen right answers that need 1 s of CPU each (16 s in all): by the backstop (2 x 1.5
+    s) the pool's CPU has had at most 3 s to share among them (6 s were it on both cores), so some end starved
+    however their starts are staggered; each of those is judged once more with nothing else of the pool
+    running, passes (1 s of CPU inside its 1.5 s budget), and its row says it was retried."""
+    slow_right = "    import time\n    t = time.process_time()\n    while time.process_time() - t < 1.0:\n" \
                  "        pass\n    return -x\n"
-    with JudgePool(Limits(wall_s=0.5, cpu_s=5, backstop=2), workers=16) as crowded:
+    with JudgePool(Limits(wall_s=1.5, cpu_s=5, backstop=2), workers=16) as crowded:
         judged = crowded.judge_all([(NEG, slow_right)] * 16)
     assert [(j.outcome, j.kind) for j in judged] == [("passed", "passed")] * 16
     assert any(j.retried for j in judged)
