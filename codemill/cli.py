@@ -35,8 +35,9 @@ console = Console()
 PREFECT_DEFAULTS = {"PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
                     "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
 # torch's CPU threads (libgomp) spin while they wait for work. When anything else uses the cores, a spinning thread
-# holds the core its partner needs: the eval suites ran 3-10 times slower on a shared 2-core machine than with
-# sleeping threads, which are about as fast on a quiet one. Read when torch loads, so set before any command.
+# holds the core its partner needs: with one other busy process on 2 cores, bits per byte and HumanEval ran 2-3 times
+# slower than with sleeping threads (3-10 times with more), which cost a quiet machine 2-3 s per suite. Read when
+# torch loads, so set before any command; an OMP_WAIT_POLICY of the user's own is kept.
 THREAD_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE"}
 
 
