@@ -37,13 +37,19 @@ def check_tracking_server(tracking_uri: str, timeout: float = 10) -> None:
 MLFLOW_NAMED_TARGETS = ("databricks", "databricks-uc", "uc")  # tracking URIs without a scheme that are not paths
 
 
+def _sqlite_file(tracking_uri: str) -> str | None:
+    """The database file of a ``sqlite:///path`` URI; None for an in-memory database."""
+    path = tracking_uri.removeprefix("sqlite:///")
+    return None if path in ("", ":memory:") else path
+
+
 def absolute_tracking_uri(tracking_uri: str) -> str:
     """The same tracking store named so that it means one place from any working directory: a relative
     ``sqlite:///mlflow.db`` or file store made absolute; servers and absolute paths unchanged."""
     parsed = urllib.parse.urlparse(tracking_uri)
     if parsed.scheme == "sqlite":
-        path = tracking_uri.removeprefix("sqlite:///")
-        if path in ("", ":memory:") or path.startswith("/"):
+        path = _sqlite_file(tracking_uri)
+        if path is None or path.startswith("/"):
             return tracking_uri
         return f"sqlite:///{Path(path).absolute()}"
     if parsed.scheme == "" and tracking_uri not in MLFLOW_NAMED_TARGETS:
@@ -55,8 +61,8 @@ def check_local_tracking_store(tracking_uri: str) -> None:
     """A ``sqlite:///path`` or ``file:`` store: its folder must exist or be creatable, and be writable."""
     parsed = urllib.parse.urlparse(tracking_uri)
     if parsed.scheme == "sqlite":
-        path = tracking_uri.removeprefix("sqlite:///")
-        if path in ("", ":memory:"):
+        path = _sqlite_file(tracking_uri)
+        if path is None:
             return
         folder = Path(path).parent
     elif parsed.scheme in ("", "file"):
