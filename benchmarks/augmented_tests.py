@@ -18,9 +18,9 @@ import subprocess
 import time
 from importlib.metadata import version
 
-from codemill.config import AugmentConfig
 from codemill.cpus import usable_cpus
 from codemill.evals.humaneval import load_problems
+from codemill.problems.config import AugmentConfig
 
 
 def commit() -> str:

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from codemill.config import ModelConfig, TrainConfig
 from codemill.data.pack import positions_from_starts
+from codemill.models.config import ModelConfig, TrainConfig
 from codemill.models.launch import torchrun_command
 from codemill.models.trainer import TrainSpec
 

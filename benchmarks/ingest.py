@@ -39,8 +39,8 @@ from typing import Any
 import polars as pl
 
 from benchmarks.near_dedup import compare
-from codemill.config import IngestConfig, SourceConfig
 from codemill.cpus import usable_cpus
+from codemill.data.config import IngestConfig, SourceConfig
 from codemill.data.dedup import resolve_duplicates
 from codemill.data.filters import language_expr
 from codemill.data.ingest import CHUNK_CODE_VERSION, CHUNK_STEPS, INGEST_CODE_VERSION, prepare

@@ -21,10 +21,10 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from codemill.config import ModelConfig
 from codemill.data.pack import positions_from_starts
 from codemill.models.batches import model_inputs
 from codemill.models.build import build_model
+from codemill.models.config import ModelConfig
 from codemill.models.masking import FLEX, SDPA
 
 SIZES = {

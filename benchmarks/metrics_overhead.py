@@ -37,8 +37,8 @@ import torch
 
 from benchmarks.rl_rollout import bwrap_version, tiny_policy
 from codemill import metrics
-from codemill.config import IngestConfig, SourceConfig
 from codemill.cpus import usable_cpus
+from codemill.data.config import IngestConfig, SourceConfig
 from codemill.data.ingest import run_ingest
 from codemill.data.sources import stdlib_root
 from codemill.evals.humaneval import STOP_SEQUENCES

@@ -42,7 +42,7 @@ import polars as pl
 import scipy.sparse as sp
 from scipy.sparse.csgraph import connected_components
 
-from codemill.config import IngestConfig
+from codemill.data.config import IngestConfig
 from codemill.data.filters import apply_filters, language_expr
 from codemill.data.ingest import prepare
 from codemill.data.minhash import ALGORITHM, VERIFY_MARGIN, band_keys, lsh_components, signatures, sketch

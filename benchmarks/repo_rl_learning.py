@@ -24,12 +24,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from codemill.config import END_OF_TURN, PipelineConfig
+from codemill.config import PipelineConfig
 from codemill.repos.agents import hunks
 from codemill.repos.episode import RepoEpisode
 from codemill.repos.pytest_run import repo_sandbox
 from codemill.repos.toolcall import render_call
-from codemill.rl.envs.repo import RepoProblem, messages, observation_text, render_chatml
+from codemill.rl.envs.repo import END_OF_TURN, RepoProblem, messages, observation_text, render_chatml
 
 
 def smallest_edit(source: str, old: str, new: str) -> tuple[str, str]:
@@ -99,10 +99,10 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
 
-    from codemill.config import ModelConfig
     from codemill.flows.repo_tasks import repo_tasks
     from codemill.flows.rl import rl
     from codemill.models.build import scratch_policy
+    from codemill.models.config import ModelConfig
     from codemill.repos.taskset import TaskSet
     from codemill.store import ArtifactStore
 

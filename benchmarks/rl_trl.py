@@ -39,13 +39,13 @@ from typing import Any
 
 import torch
 
-from codemill.config import GRPOConfig, RLConfig, RolloutConfig
 from codemill.cpus import usable_cpus
 from codemill.evals.humaneval import STOP_SEQUENCES
 from codemill.models.engines import truncate_at_stop
 from codemill.models.launch import threads_per_rank
 from codemill.problems.synthetic import synthetic_problems
 from codemill.rl.collect import collect_iteration
+from codemill.rl.config import GRPOConfig, RLConfig, RolloutConfig
 from codemill.rl.trajectory import write_rollouts
 from codemill.rl.update import RLUpdateSpec
 from codemill.rl.update_workers import UpdateWorkers

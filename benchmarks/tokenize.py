@@ -24,7 +24,7 @@ from pathlib import Path
 import polars as pl
 from tokenizers import Tokenizer
 
-from codemill.config import IngestConfig, TokenizeConfig
+from codemill.data.config import IngestConfig, TokenizeConfig
 from codemill.data.ingest import run_ingest
 from codemill.data.tokenize import DocumentEncoder, build_tokenizer, run_tokenize, train_shards
 from codemill.data.tokenizer import load_tokenizer_info

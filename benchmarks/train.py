@@ -20,7 +20,8 @@ from pathlib import Path
 
 import torch
 
-from codemill.config import IngestConfig, TokenizeConfig, load_preset
+from codemill.config import load_preset
+from codemill.data.config import IngestConfig, TokenizeConfig
 from codemill.data.ingest import run_ingest
 from codemill.data.tokenize import build_tokenizer, run_tokenize
 from codemill.models.build import build_model

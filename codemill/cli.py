@@ -7,24 +7,17 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any, NoReturn, cast, get_args
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
 from rich.text import Text
 
 from codemill import progress
-from codemill.config import (
-    ConfigError,
-    PipelineConfig,
-    SourceConfig,
-    SuiteName,
-    algorithm_fields,
-    algorithm_names,
-    load_config,
-    load_preset,
-    preset_names,
-)
+from codemill.config import ConfigError, PipelineConfig, load_config, load_preset, preset_names
+from codemill.data.config import SourceConfig
+from codemill.evals.config import SUITES, SuiteName
+from codemill.rl.config import algorithm_fields, algorithm_names
 
 app = typer.Typer(help="codemill: code corpus -> tokens -> checkpoints -> evaluated models.",
                   no_args_is_help=True, add_completion=False)
@@ -408,7 +401,7 @@ def evaluate(
     preset: Annotated[str | None, typer.Option(help="Preset whose evaluate/gate sections apply (default: "
                                                     f"{DEFAULT_PRESET}).")] = None,
     corpus: Annotated[str | None, typer.Option(help="Corpus artifact (val split); default: newest.")] = None,
-    suite: Annotated[list[str] | None, typer.Option(help=f"Suites ({', '.join(get_args(SuiteName))}); "
+    suite: Annotated[list[str] | None, typer.Option(help=f"Suites ({', '.join(SUITES)}); "
                                                                      "repeatable.")] = None,
     samples: Annotated[Path | None, typer.Option(help="Score this HumanEval samples JSONL instead.")] = None,
     no_gate: Annotated[bool, typer.Option("--no-gate", help="Do not compare with the champion.")] = False,
@@ -441,12 +434,12 @@ def evaluate(
 
 
 def _suites(names: list[str]) -> list[SuiteName]:
-    known = get_args(SuiteName)
+    known = SUITES
     unknown = [n for n in names if n not in known]
     if unknown:
         raise typer.BadParameter(f"unknown suite {', '.join(unknown)}; choose from {', '.join(known)}",
                                  param_hint="--suite")
-    return [cast(SuiteName, n) for n in names]
+    return list(names)
 
 
 def print_summary(out: dict, wall_s: float, verbose: bool = False) -> None:
@@ -471,7 +464,7 @@ def presets() -> None:
 
 def _lineage_sources(config: Path | None, preset: str | None, store: str | None, tracking_uri: str | None):
     """The MLflow reader + ArtifactStore from the same config `run` uses (options override it)."""
-    from codemill.lineage_read import LineageReader
+    from codemill.lineage.read import LineageReader
     from codemill.store import ArtifactStore
 
     cfg = build_config(config, preset, None, store)
@@ -492,7 +485,7 @@ def lineage(
 ) -> None:
     """Show the chain eval scores -> checkpoint -> training run -> tokens -> corpus -> sources."""
 
-    from codemill import lineage_view
+    from codemill.lineage import view as lineage_view
 
     reader, art_store = _lineage_sources(config, preset, store, tracking_uri)
     _show(lambda: lineage_view.lineage_tree(reader, art_store, ident),
@@ -549,7 +542,7 @@ def _show(build, render, as_json: bool) -> None:
     import json
 
     from codemill.lineage import TrackingAccessDenied
-    from codemill.lineage_read import LineageError
+    from codemill.lineage.read import LineageError
 
     try:
         result = build()

@@ -41,25 +41,25 @@ class Interface:
 
 INTERFACES: dict[str, Interface] = {
     "environment": Interface(
-        "RL environment", "codemill.rl.env", "codemill.rl.envs:ENVIRONMENTS", "codemill.config:EnvConfig",
+        "RL environment", "codemill.rl.env", "codemill.rl.envs:ENVIRONMENTS", "codemill.rl.config:EnvConfig",
         ("codemill.rl.env:Environment", "codemill.rl.env:EnvContext", "codemill.rl.env:Reset",
          "codemill.rl.env:StepResult", "codemill.rl.env:StepInfo", "codemill.rl.env:EpisodeLimits",
          "codemill.rl.env:Task", "codemill.rl.env:Episode", "codemill.rl.env:CUT_REASONS")),
     "suite": Interface(
-        "Eval suite", "codemill.evals.suites.base", "codemill.evals.suites:REGISTRY", "codemill.config:SuiteName",
+        "Eval suite", "codemill.evals.suites.base", "codemill.evals.suites:REGISTRY", "codemill.evals.config:SuiteName",
         ("codemill.evals.suites.base:Suite", "codemill.evals.suites.base:SuiteRun",
          "codemill.evals.suites.base:Metric", "codemill.evals.suites.base:SuiteData",
          "codemill.evals.suites.base:EvalModel", "codemill.evals.gate:ItemScores",
          "codemill.evals.suites.base:ci", "codemill.evals.suites.base:scores",
          "codemill.evals.suites.base:sampler_config")),
     "source": Interface(
-        "Corpus source", "codemill.data.sources", "", "codemill.config:SourceKind",
+        "Corpus source", "codemill.data.sources", "", "codemill.data.config:SourceKind",
         ("codemill.data.sources:ChunkSpec", "codemill.data.sources:RAW_SCHEMA",
          "codemill.data.sources:iter_chunks", "codemill.data.sources:read_chunk",
          "codemill.data.sources:source_fingerprint", "codemill.data.sources:SourceError")),
     "algorithm": Interface(
         "RL update rule", "codemill.rl.algorithms.base", "codemill.rl.algorithms:ALGORITHMS",
-        "codemill.config:AlgorithmConfig",
+        "codemill.rl.config:AlgorithmConfig",
         ("codemill.rl.algorithms.base:Algorithm", "codemill.rl.algorithms.base:UpdateInputs",
          "codemill.rl.algorithms.base:UpdateJob")),
 }

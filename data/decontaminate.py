@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from codemill.config import DecontaminationConfig, EvalSetConfig
+from codemill.data.config import DecontaminationConfig, EvalSetConfig
 from codemill.data.kernels import Kernel
 from codemill.data.shingles import NGRAM_MIX, ngram_hashes, token_hashes
 from codemill.data.steps import ChunkContext, Step, reject

@@ -22,7 +22,7 @@ import string
 import numpy as np
 import polars as pl
 
-from codemill.config import FilterConfig
+from codemill.data.config import FilterConfig
 from codemill.data.kernels import Kernel, utf8_buffer
 from codemill.data.steps import ChunkContext, Step, reject
 

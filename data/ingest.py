@@ -23,8 +23,8 @@ from typing import Any, Protocol
 
 import polars as pl
 
-from codemill.config import IngestConfig
 from codemill.cpus import usable_cpus
+from codemill.data.config import IngestConfig
 from codemill.data.corpus import CORPUS_SCHEMA, ParquetShardWriter, assign_split, split_key
 from codemill.data.decontaminate import DECONTAMINATION, build_index, load_eval_texts
 from codemill.data.dedup import EXACT_DEDUP, EXACT_HASH, MINHASH, NEAR_DEDUP, resolve_duplicates

@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import polars as pl
 
-from codemill.config import RedactionConfig
+from codemill.data.config import RedactionConfig
 from codemill.data.kernels import Kernel, utf8_buffer
 from codemill.data.steps import ChunkContext, Step
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import polars as pl
 
-from codemill.config import DEFAULT_LANGUAGES, SourceConfig, SourceKind
+from codemill.data.config import DEFAULT_LANGUAGES, SourceConfig, SourceKind
 from codemill.data.folder_source import (
     FOLDER_REASONS,
     FolderRules,

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import polars as pl
 
-from codemill.config import IngestConfig
+from codemill.data.config import IngestConfig
 from codemill.data.shingles import token_hashes
 
 if TYPE_CHECKING:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import polars as pl
 
-from codemill.config import SourceConfig
+from codemill.data.config import SourceConfig
 from codemill.data.filters import language_expr
 from codemill.data.folder_source import Rejections, iter_candidates
 from codemill.data.sources import folder_root, folder_rules

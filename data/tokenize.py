@@ -23,8 +23,8 @@ import numpy as np
 import polars as pl
 from tokenizers import Encoding, Tokenizer
 
-from codemill.config import TokenizeConfig
 from codemill.data import fim
+from codemill.data.config import TokenizeConfig
 from codemill.data.pack import ID_DTYPE, Packer, TokenShardWriter, token_dtype
 from codemill.data.tokenizer import (
     load_tokenizer,

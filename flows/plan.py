@@ -12,7 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from codemill.config import PipelineConfig, TokenizeConfig
+from codemill.config import PipelineConfig
+from codemill.data.config import TokenizeConfig
 from codemill.evals.calibration import recipe_of_plans
 from codemill.plan import PHASES, StagePlan, check_until
 from codemill.problems.plus.artifact import evaluation_config, plan_augment

@@ -12,8 +12,8 @@ import numpy as np
 import torch
 from torch.nn.attention.flex_attention import BlockMask
 
-from codemill.config import TrainConfig
 from codemill.data.pack import open_token_shards
+from codemill.models.config import TrainConfig
 from codemill.models.data_order import SequenceOrder, gather_rows
 from codemill.models.masking import SDPA, attention_inputs
 from codemill.models.parallel import Dist

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from codemill.config import ModelConfig
+from codemill.models.config import ModelConfig
 from codemill.models.masking import SDPA, attention_implementation
 
 

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import torch
 
 if TYPE_CHECKING:
-    from codemill.config import RolloutConfig
+    from codemill.rl.config import RolloutConfig
 
 FINISH_REASONS = ("stop", "eos", "length")
 

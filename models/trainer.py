@@ -24,14 +24,13 @@ import torch.distributed as dist
 from pydantic import BaseModel
 from transformers import PreTrainedModel
 
-from codemill import tags as T
-from codemill.config import TrainConfig
 from codemill.metrics.push import rank_pusher
 from codemill.metrics.training import count_step, record_checkpoint_commit, record_step
 from codemill.models import parallel
 from codemill.models.batches import Batches, held_out_rows, model_inputs
 from codemill.models.build import build_model, count_parameters, load_pretrained, use_attention
 from codemill.models.common import STACK_DUMP_ENV, emit, full_state_dict, param_groups, run_rank, start_rank
+from codemill.models.config import TrainConfig
 from codemill.models.core import Optimization, TrainingCore
 from codemill.models.flops import flops_per_token, mfu, peak_flops
 
@@ -81,16 +80,10 @@ class RankZeroLogger:
 
     def _connect(self) -> Lineage:
         """A Lineage on the run's own experiment (the train task passes only the run id and tracking URI)."""
-        import mlflow
-        from mlflow import MlflowClient
-
         from codemill.lineage import Lineage
 
-        uri = mlflow.get_tracking_uri()
-        client = MlflowClient(uri)
         assert self.run_id is not None
-        experiment = client.get_experiment(client.get_run(self.run_id).info.experiment_id)
-        return Lineage(uri, experiment.name)
+        return Lineage.of_run(self.run_id)
 
     def _try(self, what: str, fn):
         try:
@@ -110,22 +103,9 @@ class RankZeroLogger:
             self._try(f"checkpoint at step {step}", lambda: self._log_checkpoint(step, loss, val_loss))
 
     def _log_checkpoint(self, step: int, loss: float, val_loss: float | None) -> None:
-        from mlflow.entities import LoggedModelOutput
-
-        from codemill.lineage import mlflow_digest
-
         assert self.lineage is not None and self.run_id is not None
-        client = self.lineage.client
-        m = client.create_logged_model(self.lineage.experiment_id, name=f"ckpt-step{step}", source_run_id=self.run_id,
-                                       tags={T.CHECKPOINT_STEP: str(step)}, model_type="dcp-checkpoint")
-        client.finalize_logged_model(m.model_id, "READY")
-        client.log_outputs(self.run_id, [LoggedModelOutput(m.model_id, step)])
-        digest = mlflow_digest(self.spec.dataset_digest) if self.spec.dataset_digest else None
-        dataset = self.spec.dataset_name if digest else None
-        for key, value in {"train_loss": loss, "val_loss": val_loss}.items():
-            if value is not None:
-                client.log_metric(self.run_id, key, value, step=step, model_id=m.model_id, dataset_name=dataset,
-                                  dataset_digest=digest)
+        self.lineage.log_step_checkpoint(self.run_id, step, {"train_loss": loss, "val_loss": val_loss},
+                                         self.spec.dataset_name, self.spec.dataset_digest)
 
 
 def make_model(spec: TrainSpec) -> Any:

@@ -36,8 +36,9 @@ from typing import Any
 
 import polars as pl
 
-from codemill.config import DecontaminationConfig, ProblemsConfig, ProblemSourceConfig, SourceConfig
+from codemill.data.config import DecontaminationConfig, SourceConfig
 from codemill.data.corpus import assign_split, read_split
+from codemill.problems.config import ProblemsConfig, ProblemSourceConfig
 from codemill.problems.mining import MINING_CODE_VERSION
 from codemill.problems.problem import ExecProblem
 from codemill.problems.synthetic import SYNTHETIC_CODE_VERSION, synthetic_problems

@@ -10,8 +10,8 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from codemill.config import RLConfig, RolloutConfig
 from codemill.models.engines import RolloutParams, engine_info, rollout_engine
+from codemill.rl.config import RLConfig, RolloutConfig
 from codemill.rl.env import Task
 from codemill.rl.envs import env_for, opened
 from codemill.rl.rollout import collect_rollouts

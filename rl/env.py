@@ -24,8 +24,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
+from codemill.stage_config import StageConfig
+
 if TYPE_CHECKING:
     from codemill.models.engines import Completion
+    from codemill.rl.config import RLConfig
     from codemill.sandbox.judge_pool import JudgePool
 
 # Why an episode ended on a limit, beyond the engine's own finish reasons of its last turn (stop, eos, length):
@@ -195,3 +198,25 @@ class Episode:
     @property
     def reward(self) -> float:
         return float(sum(self.turn_rewards)) if self.finish_reason not in CUT_REASONS else 0.0
+
+
+class EnvSettings(StageConfig):
+    """The base of an environment kind's config (its module declares it beside the environment, with a
+    ``kind: Literal[...]`` field the rl section's union is discriminated on)."""
+
+    def check_rl(self, rl: RLConfig) -> None:
+        """Raise ValueError when the rl section cannot run this environment (any can, unless the kind says)."""
+
+
+class EnvConfigView(Protocol):
+    """What code outside an environment's module reads of its config."""
+
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def max_turns(self) -> int: ...
+
+    def check_rl(self, rl: RLConfig) -> None: ...
+
+    def digest_config(self) -> dict[str, Any]: ...

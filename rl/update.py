@@ -50,7 +50,6 @@ import torch
 import torch.distributed as dist
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from codemill.config import GRPOConfig
 from codemill.metrics.push import rank_pusher
 from codemill.metrics.training import count_step, record_step
 from codemill.models import parallel
@@ -74,6 +73,7 @@ from codemill.rl.algorithms.grpo import (
     token_terms,
     zero_variance_groups,
 )
+from codemill.rl.config import GRPOConfig
 
 ROLLOUT_COLUMNS = ["group", "sample", "prompt_ids", "completion_ids", "loss_mask", "logprobs", "turn_starts",
                    "turn_finish_reasons", "finish_reason", "reward"]

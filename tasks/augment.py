@@ -13,10 +13,10 @@ from typing import Any
 from prefect import get_run_logger
 
 from codemill import progress
-from codemill import tags as T
-from codemill.config import AugmentConfig
 from codemill.lineage import Lineage
+from codemill.lineage import tags as T
 from codemill.plan import StagePlan
+from codemill.problems.config import AugmentConfig
 from codemill.problems.plus.artifact import NAME, STAGE, build_augmented
 from codemill.problems.plus.shipped import SHIPPED_FROM, find_shipped, unpack_shipped
 from codemill.store import ArtifactRef, ArtifactWriter, Manifest

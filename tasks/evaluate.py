@@ -9,13 +9,13 @@ from typing import Any
 from prefect import get_run_logger
 
 from codemill import metrics, progress
-from codemill import tags as T
-from codemill.config import EvalConfig
 from codemill.evals import humaneval as he
 from codemill.evals import suites
+from codemill.evals.config import EvalConfig
 from codemill.evals.suites.base import SuiteRun
 from codemill.hashing import sha256_file
 from codemill.lineage import Lineage
+from codemill.lineage import tags as T
 from codemill.plan import StagePlan, file_input
 from codemill.store import ArtifactRef, ArtifactStore, ArtifactWriter, Manifest
 from codemill.tasks.common import RunContext, StageResult, run_stage, stage_task

@@ -10,11 +10,11 @@ import polars as pl
 from prefect import get_run_logger, task
 
 from codemill import metrics, progress
-from codemill import tags as T
-from codemill.config import IngestConfig
+from codemill.data.config import IngestConfig
 from codemill.data.ingest import CHUNK_CODE_VERSION, INGEST_CODE_VERSION, diff_ledgers, fingerprint_sources, run_ingest
 from codemill.hashing import digest_of
 from codemill.lineage import Lineage
+from codemill.lineage import tags as T
 from codemill.plan import StagePlan, external_input
 from codemill.store import ArtifactRef, ArtifactStore, ArtifactWriter, Manifest
 from codemill.tasks import fanout

@@ -7,10 +7,10 @@ from typing import Any
 from prefect import get_run_logger, task
 
 from codemill import progress
-from codemill import tags as T
-from codemill.config import ProblemsConfig
 from codemill.lineage import Lineage
+from codemill.lineage import tags as T
 from codemill.plan import StagePlan, external_input
+from codemill.problems.config import ProblemsConfig
 from codemill.problems.sets import (
     PROBLEMS_CODE_VERSION,
     corpus_files,

@@ -7,9 +7,9 @@ from typing import Any
 from prefect import get_run_logger, task
 
 from codemill import progress
-from codemill.config import RepoTasksConfig
 from codemill.lineage import Lineage
 from codemill.plan import StagePlan, external_input, file_input
+from codemill.repos.config import RepoTasksConfig
 from codemill.store import ArtifactRef, ArtifactWriter, Manifest
 from codemill.tasks.common import RunContext, StageResult, run_stage, stage_task
 

@@ -18,10 +18,11 @@ from typing import Any
 from prefect import get_run_logger
 
 from codemill import metrics, progress
-from codemill import tags as T
-from codemill.config import RLConfig, TrainConfig
 from codemill.lineage import Lineage
+from codemill.lineage import tags as T
+from codemill.models.config import TrainConfig
 from codemill.plan import StagePlan
+from codemill.rl.config import RLConfig
 from codemill.store import ArtifactRef, ArtifactStore, ArtifactWriter, Manifest
 from codemill.tasks.common import RunContext, StageResult, run_stage, stage_task
 from codemill.tasks.train import on_cuda, run_torchrun, torchrun_env, trainer_line_handler

@@ -8,7 +8,7 @@ from typing import Any
 from prefect import get_run_logger
 
 from codemill import progress
-from codemill.config import TokenizeConfig
+from codemill.data.config import TokenizeConfig
 from codemill.data.tokenize import TOKENIZE_CODE_VERSION, TOKENIZER_CODE_VERSION, build_tokenizer, run_tokenize
 from codemill.lineage import Lineage
 from codemill.plan import StagePlan, external_input

@@ -13,12 +13,13 @@ from prefect import get_run_logger
 from pydantic import BaseModel
 
 from codemill import progress
-from codemill import tags as T
-from codemill.config import GRPOConfig, TrainConfig
 from codemill.lineage import Lineage
+from codemill.lineage import tags as T
 from codemill.metrics.push import child_env
+from codemill.models.config import TrainConfig
 from codemill.models.launch import run_streaming, threads_per_rank, torchrun_command
 from codemill.plan import StagePlan
+from codemill.rl.config import GRPOConfig
 from codemill.store import ArtifactRef, ArtifactStore, ArtifactWriter, Manifest
 from codemill.tasks.common import RunContext, StageResult, run_stage, stage_task
 

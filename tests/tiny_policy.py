@@ -11,8 +11,8 @@ def make_policy(root: Path, seed: int = 0, vocab_size: int = 400, max_len: int =
                 split_digits: bool = False) -> Path:
     """``root/hf``: an untrained model whose samples are varied (random weights) and end on EOS now and then.
     ``model_config`` (a ModelConfig) defaults to a 2-layer, 64-wide model."""
-    from codemill.config import ModelConfig
     from codemill.models.build import scratch_policy
+    from codemill.models.config import ModelConfig
     from codemill.problems.synthetic import synthetic_problems
 
     texts = [p.prompt + (p.reference_solution or "") for p in synthetic_problems(0, 60)]

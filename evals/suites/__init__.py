@@ -4,12 +4,14 @@ evaluate stage, the gate, ``codemill compare`` and the seed-noise calibration fi
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import polars as pl
 
-from codemill.config import EvalConfig
 from codemill.evals.gate import ItemScores
 from codemill.evals.suites import bpb, completion, humaneval, humaneval_infilling, latency, repo_tasks
 from codemill.evals.suites.base import (
+    DEFAULT_HOLD_MARGIN,
     EvalModel,
     Metric,
     Suite,
@@ -19,14 +21,19 @@ from codemill.evals.suites.base import (
     sampler_config,
 )
 
+if TYPE_CHECKING:
+    from codemill.evals.config import EvalConfig  # the section built from this registry
+
 REGISTRY: dict[str, Suite] = {s.name: s for s in (bpb.SUITE, completion.SUITE, humaneval.SUITE,
                                                  humaneval_infilling.SUITE, latency.SUITE, repo_tasks.SUITE)}
 SUITE_VERSIONS: dict[str, str] = {name: s.code_version for name, s in REGISTRY.items()}
 # Which suite's rows a gate metric is scored from.
 SUITE_OF_METRIC: dict[str, str] = {m.name: s.name for s in REGISTRY.values() for m in s.metrics}
+# Every metric a suite reports, by name: its unit, direction and hold margin.
+METRICS: dict[str, Metric] = {m.name: m for s in REGISTRY.values() for m in s.metrics}
 
-__all__ = ["REGISTRY", "SUITE_OF_METRIC", "SUITE_VERSIONS", "EvalModel", "Metric", "Suite", "SuiteRun", "get",
-           "item_scores", "load_eval_model", "load_val_files", "rows_file", "sampler_config", "samples_with_vllm"]
+__all__ = ["METRICS", "REGISTRY", "SUITE_OF_METRIC", "SUITE_VERSIONS", "EvalModel", "Metric", "Suite", "SuiteRun",
+           "get", "hold_margin", "item_scores", "load_eval_model", "load_val_files", "rows_file", "sampler_config", "samples_with_vllm"]
 
 
 def get(name: str) -> Suite:
@@ -34,6 +41,12 @@ def get(name: str) -> Suite:
         return REGISTRY[name]
     except KeyError:
         raise ValueError(f"unknown suite {name!r}; known: {', '.join(REGISTRY)}") from None
+
+
+def hold_margin(metric: str) -> float:
+    """The hold margin ``metric`` declares (``Metric.hold_margin``), the default for a metric no suite reports."""
+    known = METRICS.get(metric)
+    return known.hold_margin if known is not None else DEFAULT_HOLD_MARGIN
 
 
 def samples_with_vllm(cfg: EvalConfig) -> bool:

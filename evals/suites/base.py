@@ -1,34 +1,41 @@
 """What every eval suite shares: the suite record the registry holds, the inputs a run gets, the model loader.
 
-A suite is pure logic: given a ``SuiteRun`` (its config, a lazily loaded model, the val split or HumanEval, a
-place for extra files) it returns per-item rows and a summary. Rows carry ``item_id`` and ``cluster`` (items
-that share a cluster are not independent: files of one split unit, samples of one problem), which the CIs and
-the gate respect. Prefect, the store and MLflow stay in ``tasks/evaluate.py``.
+A suite is pure logic: given a ``SuiteRun`` (its config, a lazily loaded model, the val split or its own
+dataset, the artifacts of the steps it needs, a place for extra files) it returns per-item rows and a summary.
+Rows carry ``item_id`` and ``cluster`` (items that share a cluster are not independent: files of one split unit,
+samples of one problem), which the CIs and the gate respect. A suite also declares what the rest of the
+pipeline needs to know of it, so that planning, the run summary, ``codemill compare`` and the gate loop over the
+registry and never name a suite: the steps it needs before it (``needs``), its dataset, its metrics' unit,
+direction and hold margin, and how it shows beyond its headline metric. Prefect, the store and MLflow stay in
+``tasks/evaluate.py``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import polars as pl
 
-from codemill.config import EvalConfig, StageConfig
 from codemill.data.corpus import read_split, split_key
 from codemill.evals.gate import ItemScores
 from codemill.evals.stats import bootstrap_ratio_ci
+from codemill.stage_config import StageConfig
+from codemill.store import ArtifactRef, Manifest
+
+if TYPE_CHECKING:
+    from codemill.config import PipelineConfig  # composed of the sections built from this registry
+    from codemill.evals.config import EvalConfig  # the section built from this registry
 
 if TYPE_CHECKING:  # the model code loads when a model is evaluated (latency's plan imports torch for the machine)
     import torch
     from transformers import PreTrainedTokenizerBase
 
-# What a suite reads: the corpus's val split, HumanEval's problems, or a repo_tasks artifact.
-SuiteData = Literal["val", "humaneval", "repo_tasks"]
 Rows = tuple[pl.DataFrame, dict[str, Any]]
 
 
@@ -88,9 +95,10 @@ class SuiteRun:
     path: Callable[[str], Path]  # a file in the artifact being written (its folders made): a suite's extra files
     corpus_dir: Path | None = None  # val suites: the corpus artifact
     split_unit: str = "repository"  # the corpus's split unit: val files of one unit share a cluster
-    samples_file: str | None = None  # humaneval: score this samples JSONL instead of generating
-    plus_dir: Path | None = None  # humaneval with ``plus``: the augment artifact (augmented tests)
-    tasks_dir: Path | None = None  # repo_tasks: the repo_tasks artifact
+    samples_file: str | None = None  # ``Suite.scores_samples``: score this samples JSONL instead of generating
+    # The store artifacts among the plan's inputs besides the model, by input name: what the suite's ``needs``
+    # built (and a val suite's corpus, as ``data``).
+    inputs: dict[str, Path] = field(default_factory=dict)
     loader: Callable[[Path], EvalModel] = load_eval_model
     planned: dict[str, Any] = field(default_factory=dict)  # the plan's hashed config (``Suite.plan_config`` included)
 
@@ -108,13 +116,38 @@ class SuiteRun:
         return val, [split_key(r, p, self.split_unit) for r, p in zip(val["repo"], val["path"], strict=True)]
 
 
+# The hold margin of a metric that declares none: an uncalibrated gate counts a smaller difference as none.
+DEFAULT_HOLD_MARGIN = 0.05
+
+
 @dataclass(frozen=True)
 class Metric:
-    """A metric a suite reports: its direction, and whether its items are 0/1 (exact tests for the gate)."""
+    """A metric a suite reports and what the gate, the run summary and ``codemill compare`` know of it: its
+    direction, whether its items are 0/1 (exact tests for the gate), its unit, and its hold margin: with no seed
+    noise for the champion's recipe the gate counts a smaller difference as none (the floor under the margin
+    derived from the nearest shipped preset, ``codemill.gate.preset_noise.hold_margins``)."""
 
     name: str
     higher_is_better: bool = True
     binary: bool = False
+    unit: str = ""  # what its values are in (``ms``), printed after each number; "" for scores, rates and bits
+    reading: str = ""  # how to read a difference, printed after "+ = candidate better" (e.g. lower is faster)
+    hold_margin: float = DEFAULT_HOLD_MARGIN
+    # Its seed SD says which shipped preset is the noisiest: the hold margins of a champion whose training config
+    # is unknown come from that preset (the conservative choice).
+    noise_yardstick: bool = False
+
+
+@dataclass(frozen=True)
+class Need:
+    """A step a suite reads, planned before it from the pipeline config: ``stage`` names the step's planner
+    (``flows.plan`` registers one per stage a suite can need), ``config`` is the config that stage is planned
+    with, and the artifact it makes is the suite's plan input ``input`` (``SuiteRun.inputs[input]`` in the run).
+    Suites that need one stage with one config share its step."""
+
+    stage: str
+    config: StageConfig
+    input: str
 
 
 @dataclass(frozen=True)
@@ -124,7 +157,6 @@ class Suite:
 
     name: str
     code_version: str
-    data: SuiteData
     run: Callable[[SuiteRun], Rows]
     item_scores: Callable[[pl.DataFrame], dict[str, ItemScores]]
     metrics: tuple[Metric, ...]
@@ -134,7 +166,27 @@ class Suite:
     # bootstrap settings: settings it reads from another section, or the machine a measurement belongs to.
     plan_config: Callable[[EvalConfig], dict[str, Any]] = field(default=lambda cfg: {})
     generates: bool = False  # samples from the model: through ``evaluate.engine``, which its digest then covers
+    settings: type[StageConfig] = StageConfig  # its section of the evaluate config, ``evaluate.<name>``
+    default: bool = True  # run when ``evaluate.suites`` is not set (False: it needs data the defaults lack)
     headline: str = ""  # the summary key a one-line report shows (default: the first metric)
+    # What it reads. ``needs``: the steps planned before it (in registry order, ahead of every suite's own
+    # step). ``dataset``: a fixed file it reads as its ``data`` input; None: the corpus, whose val split it
+    # scores, unless a need fills ``data``. ``scores_samples``: it can score a samples file (``--samples``).
+    needs: Callable[[PipelineConfig], tuple[Need, ...]] = field(default=lambda config: ())
+    dataset: Callable[[], ArtifactRef] | None = None
+    scores_samples: bool = False
+    uses_overlay: bool = False  # runs the model in repository workspaces (overlay mounts, which preflight checks)
+    # What a measurement of the machine ran on: the summary keys kept in the flow's result beside its numbers
+    # (``described``) and those tagged on its evaluate run (``run_tags``).
+    described: tuple[str, ...] = ()
+    run_tags: tuple[str, ...] = ()
+    # How it shows beyond its headline metric. ``summary_line``: its own line in the run summary, from the run's
+    # scores and its step's summary (its summary keys then stay out of the score table). ``side_by_side``: what
+    # ``codemill compare`` keeps of two paired evaluations (a, b), under the suite's name in the comparison;
+    # ``compare_lines``: how the comparison prints that, at a width.
+    summary_line: Callable[[Mapping[str, Any], Mapping[str, Any]], str | None] | None = None
+    side_by_side: Callable[[Manifest, Manifest], dict[str, Any]] | None = None
+    compare_lines: Callable[[Mapping[str, Any], int], list[str]] | None = None
 
     @property
     def headline_metric(self) -> str:

@@ -4,10 +4,21 @@ from __future__ import annotations
 
 import numpy as np
 import polars as pl
+from pydantic import Field
 
 from codemill.evals import completion as comp
 from codemill.evals.gate import ItemScores
 from codemill.evals.suites.base import Metric, Rows, Suite, SuiteRun, ci, scores
+from codemill.stage_config import StageConfig, runtime_only
+
+
+class CompletionSuiteConfig(StageConfig):
+    max_files: int | None = Field(200, description="One completion item per val file, at most this many.")
+    context_len: int = Field(256, ge=16, description="Prompt tokens kept (left-truncated) plus new tokens.")
+    max_new_tokens: int = Field(32, gt=0, description="Most tokens generated per item (generation also stops at "
+                                                      "the end of the line).")
+    batch_size: int = runtime_only(default=16, gt=0, description="Prompts per generation batch.")
+
 
 EXACT = Metric("completion_exact_match", binary=True)
 EDIT = Metric("completion_edit_similarity")
@@ -48,5 +59,6 @@ def item_scores(rows: pl.DataFrame) -> dict[str, ItemScores]:
     return {EXACT.name: scores(rows, EXACT, "exact_match"), EDIT.name: scores(rows, EDIT, "edit_similarity")}
 
 
-SUITE = Suite("completion", comp.COMPLETION_CODE_VERSION, "val", run, item_scores, (EXACT, EDIT),
-              generates=True, headline=EDIT.name)  # a small model's exact matches are mostly 0
+SUITE = Suite("completion", comp.COMPLETION_CODE_VERSION, run, item_scores, (EXACT, EDIT),
+              generates=True, headline=EDIT.name,  # a small model's exact matches are mostly 0
+              settings=CompletionSuiteConfig)

@@ -7,22 +7,69 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import polars as pl
+from pydantic import Field
 
-from codemill.config import EvalConfig, HumanEvalInfillingSuiteConfig, HumanEvalSuiteConfig
 from codemill.evals import humaneval as he
 from codemill.evals.gate import ItemScores
-from codemill.evals.suites.base import EvalModel, Metric, Rows, Suite, SuiteRun, ci, scores
+from codemill.evals.suites.base import EvalModel, Metric, Need, Rows, Suite, SuiteRun, ci, scores
+from codemill.hashing import sha256_file
+from codemill.problems.plus.artifact import STAGE as AUGMENT_STAGE
+from codemill.problems.plus.artifact import evaluation_config
 from codemill.problems.problem import ExecProblem
 from codemill.sandbox import Limits
 from codemill.sandbox.judge_pool import JudgePool
+from codemill.stage_config import StageConfig, runtime_only
+from codemill.store import ArtifactRef
+
+if TYPE_CHECKING:
+    from codemill.config import PipelineConfig
+    from codemill.evals.config import EvalConfig  # the section built from this registry
+    from codemill.evals.suites.humaneval_infilling import HumanEvalInfillingSuiteConfig
+
+
+class HumanEvalSuiteConfig(StageConfig):
+    max_problems: int | None = Field(None, description="First N of the 164 problems; empty = all.")
+    greedy: bool = Field(True, description="One greedy completion per problem (pass@1).")
+    n_samples: int = Field(0, ge=0, description="Sampled completions per problem for pass@k (0 = off).")
+    temperature: float = Field(0.8, gt=0, description="Sampling temperature of the pass@k samples (greedy "
+                                                      "ignores it).")
+    top_p: float = Field(0.95, gt=0, le=1, description="Nucleus (top-p) cutoff of the pass@k samples; 1 = off.")
+    ks: list[int] = Field([1, 10], description="k values of sampled pass@k (those <= n_samples are reported).")
+    max_new_tokens: int = Field(128, gt=0, description="Most tokens generated per completion (generation also "
+                                                       "stops at HumanEval's stop sequences).")
+    context_len: int = Field(512, ge=16, description="Prompt tokens kept (left-truncated) plus new tokens.")
+    wall_s: float = Field(10.0, gt=0, description="Wall-clock limit per program (the reference uses 3 s).")
+    cpu_s: int = Field(10, gt=0, description="Seconds of CPU per program (RLIMIT_CPU).")
+    memory_mb: int = Field(1024, gt=64, description="Address space per program, in MiB (RLIMIT_AS).")
+    unsafe_no_sandbox: bool = Field(False, description="Run model code WITHOUT isolation. Logged on the run.")
+    plus: bool = runtime_only(default=True, description="Judge the greedy completions a second time against the "
+                              "augmented tests of the augment stage (humaneval_plus_pass_at_1). Not hashed as a "
+                              "setting: the evaluation's digest covers it through its input, the augmented "
+                              "artifact, and humaneval_pass_at_1 does not depend on it.")
+    workers: int | None = runtime_only(default=None, description="Parallel sandboxes; empty = CPU count.")
+    batch_size: int = runtime_only(default=16, gt=0, description="Prompts per generation batch.")
+
 
 PASS_AT_1 = Metric("humaneval_pass_at_1", binary=True)
 PLUS_PASS_AT_1 = Metric("humaneval_plus_pass_at_1", binary=True)
 SAMPLED_PREFIX = "humaneval_sampled_pass_at_"
+PLUS_INPUT = "plus"  # the plan input that holds the augmented tests
+
+
+def humaneval_dataset() -> ArtifactRef:
+    """HumanEval's problem file, by content: the ``data`` input of the suites that read it."""
+    path = he.problems_file()
+    return ArtifactRef(stage="benchmark", name="humaneval", digest=sha256_file(path), uri=str(path))
+
+
+def needs(config: PipelineConfig) -> tuple[Need, ...]:
+    """With ``plus``, the augmented tests of the problems the suite judges, built by the augment stage before it."""
+    h = config.evaluate.humaneval
+    return (Need(AUGMENT_STAGE, evaluation_config(config.augment, h.max_problems), PLUS_INPUT),) if h.plus else ()
 
 
 def suite_pool(section: HumanEvalSuiteConfig | HumanEvalInfillingSuiteConfig) -> JudgePool:
@@ -126,7 +173,7 @@ def run(r: SuiteRun) -> Rows:
     problems = he.load_problems()
     if cfg.humaneval.max_problems:
         problems = dict(list(problems.items())[: cfg.humaneval.max_problems])
-    plus = plus_problems(r.plus_dir, problems) if cfg.humaneval.plus else None
+    plus = plus_problems(r.inputs.get(PLUS_INPUT), problems) if cfg.humaneval.plus else None
     with humaneval_pool(cfg) as pool:  # probes first: fail closed before generating anything
         if r.samples_file:
             samples = [{**s, "mode": "greedy"} for s in he.read_samples(r.samples_file)]
@@ -148,7 +195,8 @@ def item_scores(rows: pl.DataFrame) -> dict[str, ItemScores]:
     return out
 
 
-SUITE = Suite("humaneval", he.HUMANEVAL_CODE_VERSION, "humaneval", run, item_scores, (PASS_AT_1, PLUS_PASS_AT_1),
+SUITE = Suite("humaneval", he.HUMANEVAL_CODE_VERSION, run, item_scores, (PASS_AT_1, PLUS_PASS_AT_1),
               logged=(SAMPLED_PREFIX, "plus_only_failures"),
               uses_sandbox=lambda cfg: not cfg.humaneval.unsafe_no_sandbox or cfg.humaneval.plus,
-              generates=True)
+              generates=True, settings=HumanEvalSuiteConfig, needs=needs, dataset=humaneval_dataset,
+              scores_samples=True)

@@ -6,18 +6,53 @@ and the whole is judged as the completion of the HumanEval prompt, through the h
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import polars as pl
+from pydantic import Field, model_validator
 
-from codemill.config import EvalConfig
 from codemill.evals import humaneval as he
 from codemill.evals import infilling as inf
 from codemill.evals.gate import ItemScores
 from codemill.evals.suites.base import EvalModel, Metric, Rows, Suite, SuiteRun, ci, scores
 from codemill.evals.suites.humaneval import suite_pool
 from codemill.sandbox.judge_pool import JudgePool
+from codemill.stage_config import StageConfig, runtime_only
+
+if TYPE_CHECKING:
+    from codemill.evals.config import EvalConfig  # the section built from this registry
+
+InfillingType = Literal["single_line", "multi_line", "random_span"]
+
+
+class HumanEvalInfillingSuiteConfig(StageConfig):
+    types: list[InfillingType] = Field(["single_line", "multi_line", "random_span"], min_length=1,
+                                       description="Task types (Bavarian et al. 2022): single_line (each non-blank "
+                                       "line of a canonical solution), multi_line (each span of whole lines), "
+                                       "random_span (10 spans per problem between random characters).")
+    mode: Literal["psm", "spm"] = Field("psm", description="FIM prompt order, as training builds it: psm "
+                                        "(prefix, suffix, then the middle) or spm (suffix, then prefix + middle).")
+    max_tasks_per_type: int | None = Field(None, gt=0, description="At most this many tasks of each type (a fixed "
+                                           "subsample by task-id hash, spread over the problems); empty = all.")
+    max_new_tokens: int = Field(64, gt=0, description="Most tokens generated per middle (generation also stops at "
+                                                      "EOS or a FIM sentinel).")
+    context_len: int = Field(512, ge=16, description="Prompt tokens kept (the prefix loses its start, the suffix "
+                                                     "its end) plus new tokens.")
+    wall_s: float = Field(10.0, gt=0, description="Wall-clock limit per program.")
+    cpu_s: int = Field(10, gt=0, description="Seconds of CPU per program (RLIMIT_CPU).")
+    memory_mb: int = Field(1024, gt=64, description="Address space per program, in MiB (RLIMIT_AS).")
+    unsafe_no_sandbox: bool = Field(False, description="Run model code WITHOUT isolation. Logged on the run.")
+    workers: int | None = runtime_only(default=None, description="Parallel sandboxes; empty = CPU count.")
+    batch_size: int = runtime_only(default=16, gt=0, description="Prompts per generation batch.")
+
+    @model_validator(mode="after")
+    def _room_for_a_prompt(self) -> HumanEvalInfillingSuiteConfig:
+        if self.context_len < self.max_new_tokens + 16:
+            raise ValueError(f"context_len ({self.context_len}) leaves no room for a prompt beside max_new_tokens "
+                             f"({self.max_new_tokens}): it needs at least max_new_tokens + 16")
+        return self
+
 
 NAME = "humaneval_infilling"
 PASS_AT_1 = Metric(f"{NAME}_pass_at_1", binary=True)
@@ -125,4 +160,4 @@ def item_scores(rows: pl.DataFrame) -> dict[str, ItemScores]:
 
 SUITE = Suite(NAME, inf.INFILLING_CODE_VERSION, "humaneval", run, item_scores, (PASS_AT_1, EXACT),
               logged=(f"{NAME}_",), uses_sandbox=lambda cfg: not cfg.humaneval_infilling.unsafe_no_sandbox,
-              generates=True)
+              generates=True, settings=HumanEvalInfillingSuiteConfig)

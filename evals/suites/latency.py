@@ -8,17 +8,39 @@ measures again, and the task refuses to run where the plan was not made for (a w
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import polars as pl
+from pydantic import Field
 
-from codemill.config import EvalConfig
 from codemill.evals import completion as comp
 from codemill.evals import latency as lat
 from codemill.evals.gate import ItemScores
 from codemill.evals.suites.base import Metric, Rows, Suite, SuiteRun, scores
 from codemill.evals.suites.completion import completion_items
+from codemill.stage_config import StageConfig
+
+if TYPE_CHECKING:
+    from codemill.evals.config import EvalConfig  # the section built from this registry
+
+
+class LatencySuiteConfig(StageConfig):
+    """Serving latency at batch size 1 (``evals.latency``). The prompts are the completion suite's items
+    (``evaluate.completion.max_files`` val files, the eval seed's target lines) at its ``context_len``. The
+    digest also holds the machine (``evals.latency.machine_identity``): another machine measures again, a rerun
+    on the same one is a cache hit."""
+
+    prompts: int = Field(16, ge=1, description="Timed prompts, evenly spaced over the completion items.")
+    max_new_tokens: int = Field(32, ge=2, description="New tokens per prompt, always all of them (no stop at EOS "
+                                                      "or end of line): every prompt times the same work.")
+    warmup_prompts: int = Field(2, ge=0, description="Untimed runs before the timed ones (the first prompts "
+                                                     "again).")
+    threads: int | None = Field(None, ge=1, description="torch intra-op threads while timing (restored after); "
+                                "empty = the process's own. Part of the machine's identity.")
+    label: str = Field("", description="Hashed with the machine's identity: set it (e.g. to the host name) to "
+                                       "keep machines of one hardware class apart, or change it to measure again.")
+
 
 LATENCY_CODE_VERSION = "eval-latency-v1"
 TTFT = Metric("latency_ttft_ms", higher_is_better=False)  # per item: its time to first token
@@ -78,4 +100,4 @@ def item_scores(rows: pl.DataFrame) -> dict[str, ItemScores]:
 
 
 SUITE = Suite("latency", LATENCY_CODE_VERSION, "val", run, item_scores, (TTFT, PER_TOKEN), logged=("latency_",),
-              plan_config=plan_config)
+              plan_config=plan_config, settings=LatencySuiteConfig)

@@ -10,14 +10,33 @@ an agent's final diff; ``repo_tasks_limits_hit`` counts them.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import polars as pl
+from pydantic import Field
 
-from codemill.config import END_OF_TURN
 from codemill.evals.gate import ItemScores
 from codemill.evals.suites.base import Metric, Rows, Suite, SuiteRun, ci, scores
+from codemill.rl.envs.repo import END_OF_TURN, RepoEnvConfig
+from codemill.stage_config import StageConfig
+
+
+class RepoTasksSuiteConfig(StageConfig):
+    """Held-out repository tasks solved by the model as an agent in the ``repo`` environment: the resolved rate,
+    with a CI clustered by repository (codemill.evals.suites.repo_tasks). The tasks are the `repo_tasks`
+    artifact the config `repo_tasks` builds."""
+
+    split: Literal["train", "val"] = Field("val", description="Which tasks: val, the repositories RL never sees.")
+    max_tasks: int | None = Field(None, ge=1, description="The first N tasks (by id); empty = all.")
+    samples: int = Field(1, ge=1, description="Episodes per task.")
+    temperature: float = Field(0.0, ge=0, description="Sampling temperature (0 = greedy).")
+    max_new_tokens: int = Field(512, gt=0, description="Most tokens of one agent turn.")
+    context_len: int = Field(8192, ge=64, description="Most tokens of an episode (prompt, turns, tool output).")
+    batch_size: int = Field(4, ge=1, description="Tasks generated together.")
+    env: RepoEnvConfig = Field(default_factory=RepoEnvConfig, description="The episodes' limits and "
+                               "tools prompt, as in rl.env.")
+
 
 PREFIX = "repo_tasks_"  # the summary's numbers: logged on the evaluation run and kept in the flow's result
 RESOLVED = Metric(f"{PREFIX}resolved", binary=True)
@@ -70,4 +89,5 @@ def item_scores(rows: pl.DataFrame) -> dict[str, ItemScores]:
 
 
 SUITE = Suite("repo_tasks", REPO_TASKS_CODE_VERSION, "repo_tasks", run, item_scores, (RESOLVED,),
-              logged=(PREFIX,), uses_sandbox=lambda cfg: True, generates=True)
+              logged=(PREFIX,), uses_sandbox=lambda cfg: True, generates=True,
+              settings=RepoTasksSuiteConfig, default=False)

@@ -11,8 +11,8 @@ from typing import Any
 
 import polars as pl
 
-from codemill.config import AugmentConfig
 from codemill.plan import StagePlan, file_input
+from codemill.problems.config import AugmentConfig
 from codemill.problems.plus.augment import PLUS_CODE_VERSION, Counts, counts_rows
 from codemill.problems.problem import ExecProblem
 from codemill.problems.sets import PROBLEM_SCHEMA, PROBLEMS_FILE, read_problem_set

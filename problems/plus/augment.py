@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from codemill.config import AugmentConfig
+from codemill.problems.config import AugmentConfig
 from codemill.problems.plus.inputs import seed_inputs
 from codemill.problems.plus.literals import call_source, key, plus_eq, plus_eq_source, to_source
 from codemill.problems.plus.mutants import mutants

@@ -17,8 +17,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from codemill.config import AugmentConfig, load_preset
+from codemill.config import load_preset
 from codemill.plan import StagePlan
+from codemill.problems.config import AugmentConfig
 from codemill.problems.plus.artifact import build_augmented, evaluation_config, plan_augment
 from codemill.problems.plus.shipped import SHIPPED_DIR, pack_shipped
 from codemill.store import ArtifactStore

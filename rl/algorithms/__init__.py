@@ -1,6 +1,6 @@
 """Update rules, one module each, registered here by ``name``.
 
-``ALGORITHMS`` maps a name to the rule; ``codemill.config.AlgorithmConfig`` is the discriminated union of their
+``ALGORITHMS`` maps a name to the rule; ``codemill.rl.config.AlgorithmConfig`` is the discriminated union of their
 configs on ``name``, so the YAML and the Prefect form show the chosen rule's fields only. A rule supplies what its
 policy artifact hashes and the job that computes the update (``base.Algorithm``).
 """

@@ -12,7 +12,8 @@ from typing import Any, ClassVar, Protocol
 
 from pydantic import BaseModel
 
-from codemill.config import RLConfig, TrainConfig
+from codemill.models.config import TrainConfig
+from codemill.rl.config import RLConfig
 
 
 @dataclass(frozen=True)

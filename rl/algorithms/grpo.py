@@ -29,8 +29,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from codemill.config import GRPOConfig, RLConfig, TrainConfig
+from codemill.models.config import TrainConfig
 from codemill.rl.algorithms.base import UpdateInputs, UpdateJob
+from codemill.rl.config import GRPOConfig, RLConfig
 from codemill.rl.trajectory import TRUNCATED_REASONS
 
 __all__ = ["GRPO", "SUM_KEYS", "GRPOConfig", "LossAgg", "MicroBatch", "TokenTerms", "aggregate", "collate",

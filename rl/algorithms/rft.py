@@ -12,8 +12,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from codemill.config import FinetuneConfig, RFTConfig, RLConfig, TrainConfig
+from codemill.models.config import FinetuneConfig, TrainConfig
 from codemill.rl.algorithms.base import UpdateInputs, UpdateJob
+from codemill.rl.config import RFTConfig, RLConfig
 
 
 def finetune_train_config(train: TrainConfig, ft: FinetuneConfig, seed: int) -> TrainConfig:

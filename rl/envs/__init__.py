@@ -1,9 +1,11 @@
 """Environment kinds, one module each, registered here by ``kind``.
 
-``ENVIRONMENTS`` maps a kind to its class; ``codemill.config.EnvConfig`` is the discriminated union of their
-configs on ``kind``, so the YAML and the Prefect form show the chosen environment's fields only. An environment's
-tasks come from the stage its class names in ``task_stage`` (``problems`` when it names none) and are read by its
-``read_tasks(folder, split)``; one that holds resources (workspaces) releases them in ``close()``.
+``ENVIRONMENTS`` maps a kind to its class; each class names its config (``settings``, declared in its
+module), and ``codemill.rl.config.EnvConfig`` is the discriminated union of those configs on ``kind``, so the
+YAML and the Prefect form show the chosen environment's fields only. Adding a kind is its module plus its class
+in the tuple below. An environment's tasks come from the stage its class names in ``task_stage``
+(``problems`` when it names none) and are read by its ``read_tasks(folder, split)``; one that holds resources
+(workspaces) releases them in ``close()``.
 """
 
 from __future__ import annotations
@@ -13,27 +15,22 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from codemill.config import CodeExecConfig
 from codemill.rl.env import EnvContext, Environment, Task
-from codemill.rl.envs.code_exec import CodeExecEnv
-from codemill.rl.envs.code_feedback import CodeFeedbackEnv
-from codemill.rl.envs.repo import RepoEnv
+from codemill.rl.envs import code_exec, code_feedback, repo
 
 if TYPE_CHECKING:
     from codemill.models.engines import RolloutEngine
     from codemill.sandbox.judge_pool import JudgePool
 
-ENVIRONMENTS: dict[str, Any] = {
-    CodeExecEnv.kind: CodeExecEnv,
-    CodeFeedbackEnv.kind: CodeFeedbackEnv,
-    RepoEnv.kind: RepoEnv,
-}
+ENVIRONMENTS: dict[str, Any] = {env.kind: env for env in (code_exec.CodeExecEnv, code_feedback.CodeFeedbackEnv,
+                                                            repo.RepoEnv)}
+DEFAULT_ENV = code_exec.CodeExecEnv.kind  # single-turn code execution: what rl.env is unless set
 PROBLEMS_STAGE = "problems"
 PROBLEMS_FILE = "problems.parquet"
 
 
 def _class(config: Any) -> Any:
-    kind = getattr(config, "kind", CodeExecEnv.kind)
+    kind = getattr(config, "kind", DEFAULT_ENV)
     try:
         return ENVIRONMENTS[kind]
     except KeyError:
@@ -77,4 +74,4 @@ def env_for(config: Any, engine: RolloutEngine, pool: JudgePool, max_new_tokens:
     """The environment ``config`` names (None: ``code_exec``) for episodes sampled by ``engine`` (its tokenizer
     and context) and judged by ``pool``."""
     ctx = EnvContext(pool, engine.tokenizer, engine.max_context, max_new_tokens, reward, reward_retries)
-    return build_env(config if config is not None else CodeExecConfig(), ctx)
+    return build_env(config if config is not None else ENVIRONMENTS[DEFAULT_ENV].settings(), ctx)

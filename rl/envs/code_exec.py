@@ -10,11 +10,21 @@ episode: reward 1 when every test passes (``binary``), or the fraction of separa
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, Literal
 
-from codemill.config import CodeExecConfig
 from codemill.problems.problem import ExecProblem
-from codemill.rl.env import EnvContext, Episode, EpisodeLimits, Reset, StepInfo, StepResult
+from codemill.rl.env import EnvContext, EnvSettings, Episode, EpisodeLimits, Reset, StepInfo, StepResult
+
+
+class CodeExecConfig(EnvSettings):
+    """``code_exec``: one completion per episode, judged against the problem's tests (codemill.rl.envs)."""
+
+    kind: Literal["code_exec"] = "code_exec"
+
+    @property
+    def max_turns(self) -> int:
+        return 1
+
 
 if TYPE_CHECKING:
     from codemill.models.engines import Completion
@@ -50,6 +60,7 @@ def reward_of(ctx: EnvContext, info: StepInfo) -> float:
 
 class CodeExecEnv:
     kind: ClassVar[str] = "code_exec"
+    settings: ClassVar[type[EnvSettings]] = CodeExecConfig
 
     def __init__(self, config: CodeExecConfig, ctx: EnvContext) -> None:
         self.config, self.ctx = config, ctx

@@ -29,12 +29,32 @@ Feedback format (a Python comment block, so a completion model reads it as code,
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, Literal
 
-from codemill.config import CodeFeedbackConfig
+from pydantic import Field
+
 from codemill.problems.problem import ExecProblem
-from codemill.rl.env import EnvContext, Episode, EpisodeLimits, Reset, StepInfo, StepResult
+from codemill.rl.env import EnvContext, EnvSettings, Episode, EpisodeLimits, Reset, StepInfo, StepResult
 from codemill.rl.envs.code_exec import problem_of, prompt_observation, reward_of, verdicts
+
+
+class CodeFeedbackConfig(EnvSettings):
+    """``code_feedback``: the policy writes a solution, the visible tests' failures come back, it may revise; the
+    reward is the full tests' verdict on the last solution (codemill.rl.envs.code_feedback)."""
+
+    kind: Literal["code_feedback"] = "code_feedback"
+    max_turns: int = Field(3, ge=1, le=16, description="Policy turns per episode (1 = no feedback).")
+    visible_cases: int = Field(2, ge=1, description="Test cases shown as feedback: the first ones of the "
+                               "problem's that stand alone, always leaving at least one hidden.")
+    feedback_chars: int = Field(160, ge=20, description="Each failing case's source and error line are cut to "
+                                "this many characters.")
+    shaping: float = Field(0.0, ge=0, description="Per-turn reward: this times the gain in the share of "
+                           "visible cases passed over the previous turn whose cases ran (potential-based; 0 = "
+                           "only the final verdict).")
+    max_total_tokens: int | None = Field(None, gt=0, description="Prompt, sampled and feedback tokens of an "
+                                         "episode; empty = the engine's context.")
+    episode_wall_s: float | None = Field(None, gt=0, description="Wall-clock limit of an episode; empty = none.")
+
 
 if TYPE_CHECKING:
     from codemill.models.engines import Completion
@@ -75,6 +95,7 @@ def feedback_text(cases: Sequence[str], infos: Sequence[StepInfo], prompt: str, 
 
 class CodeFeedbackEnv:
     kind: ClassVar[str] = "code_feedback"
+    settings: ClassVar[type[EnvSettings]] = CodeFeedbackConfig
 
     def __init__(self, config: CodeFeedbackConfig, ctx: EnvContext) -> None:
         self.config, self.ctx = config, ctx

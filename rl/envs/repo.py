@@ -30,9 +30,10 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from codemill.config import END_OF_TURN, RepoEnvConfig
+from pydantic import Field
+
 from codemill.repos.episode import MAX_CALLS, MAX_TURNS, WALL, RepoEpisode
 from codemill.repos.episode import EpisodeLimits as AgentLimits
 from codemill.repos.grading import Grade
@@ -41,10 +42,47 @@ from codemill.repos.task import RepoTask
 from codemill.repos.taskset import TaskSet
 from codemill.repos.toolcall import describe_tools
 from codemill.repos.tools import SPECS, ToolLimits
-from codemill.rl.env import EnvContext, Episode, EpisodeLimits, Reset, StepInfo, StepResult
+from codemill.rl.env import EnvContext, EnvSettings, Episode, EpisodeLimits, Reset, StepInfo, StepResult
+from codemill.stage_config import runtime_only
+
+END_OF_TURN = "<|im_end|>"  # ChatML's, as Qwen and Hermes chat templates write it
+
+
+class RepoEnvConfig(EnvSettings):
+    """``repo``: an agent fixes a repository task through tools (read, search, edit, run the tests, bash) turn by
+    turn; the reward is the grader's verdict on its changes (codemill.rl.envs.repo). The tasks are the
+    `repo_tasks` artifact (config `repo_tasks`), not the problem set."""
+
+    kind: Literal["repo"] = "repo"
+    max_turns: int = Field(8, ge=1, le=100, description="Policy turns per episode; an episode that used them all "
+                           "without submitting ends on the limit (no loss by default).")
+    max_tool_calls: int = Field(32, ge=1, description="Tool calls per episode (a limit, like max_turns).")
+    max_total_tokens: int | None = Field(None, gt=0, description="Prompt, sampled and tool-output tokens of an "
+                                         "episode; empty = the engine's context. A turn after which the next one "
+                                         "would not fit is graded, ending on the limit.")
+    episode_wall_s: float = Field(600.0, gt=0, description="Wall clock of an episode from its first turn (a limit).")
+    command_s: float = Field(30.0, gt=0, description="Wall clock of one bash or apply_patch call.")
+    tests_s: float = Field(120.0, gt=0, description="Wall clock of one run_tests call, and of the grading run.")
+    output_chars: int = Field(4000, ge=200, description="Characters of one tool result (cut in the middle).")
+    tools_prompt: Literal["full", "brief"] = Field("full", description="full: the tools as JSON schemas (what "
+                                                   "chat templates of tool-calling models render); brief: one line "
+                                                   "per tool, for models with small contexts.")
+    workers: int | None = runtime_only(default=None, ge=1, description="Episodes stepped at once; empty = usable "
+                                       "cores.")
+
+    def check_rl(self, rl: RLConfig) -> None:
+        """A repository agent's turn ends at the chat format's end of turn (HumanEval's stops would cut a turn in
+        the middle of its tool calls), and its tasks have no reference solutions to warm-start on."""
+        if END_OF_TURN not in rl.rollout.stop:
+            raise ValueError(f"rl.env repo: rl.rollout.stop must hold {END_OF_TURN!r} (where an assistant turn "
+                             f"ends), got {rl.rollout.stop}; e.g. stop: [{END_OF_TURN!r}]")
+        if rl.warm_start.max_steps > 0:
+            raise ValueError("rl.env repo: the warm start fine-tunes on reference solutions, which repository tasks "
+                             "do not have; set rl.warm_start.max_steps: 0")
 
 if TYPE_CHECKING:
     from codemill.models.engines import Completion
+    from codemill.rl.config import RLConfig
 
 START_OF_TURN = "<|im_start|>"
 SYSTEM = ("You are fixing an issue in a Python repository, your working directory. Read and search its code, edit "
@@ -114,6 +152,7 @@ def outcome_of(grade: Grade) -> str:
 
 class RepoEnv:
     kind: ClassVar[str] = "repo"
+    settings: ClassVar[type[EnvSettings]] = RepoEnvConfig
     task_stage: ClassVar[str] = "repo_tasks"
 
     def __init__(self, config: RepoEnvConfig, ctx: EnvContext) -> None:

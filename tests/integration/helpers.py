@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from codemill.config import AugmentConfig, PipelineConfig, SourceConfig, load_preset
+from codemill.config import PipelineConfig, load_preset
+from codemill.data.config import SourceConfig
+from codemill.problems.config import AugmentConfig
 
 
 def small_pipeline_config(corpus: Path, tmp: Path, *, max_steps: int = 40, all_suites: bool = False

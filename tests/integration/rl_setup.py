@@ -8,7 +8,8 @@ import random
 from pathlib import Path
 from typing import Any
 
-from codemill.config import ModelConfig, PipelineConfig
+from codemill.config import PipelineConfig
+from codemill.models.config import ModelConfig
 from codemill.problems.problem import ExecProblem
 from tests.tiny_policy import make_policy, pretrain_policy
 

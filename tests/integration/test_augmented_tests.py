@@ -17,11 +17,12 @@ from mlflow import MlflowClient
 from prefect import flow
 from prefect.runtime import flow_run
 
-from codemill import tags as T
-from codemill.config import AugmentConfig, PipelineConfig, ProblemsConfig, ProblemSourceConfig
+from codemill.config import PipelineConfig
 from codemill.evals.humaneval import execute, load_problems, problems_file
 from codemill.flows.common import open_flow_run, run_stage_task
+from codemill.lineage import tags as T
 from codemill.plan import manifest_digest
+from codemill.problems.config import AugmentConfig, ProblemsConfig, ProblemSourceConfig
 from codemill.problems.plus.artifact import COUNTS_FILE, plan_augment, read_augmented, read_counts
 from codemill.problems.plus.ship import preset_augment
 from codemill.problems.plus.shipped import SHIPPED_FROM, find_shipped, read_shipped_manifest

@@ -12,7 +12,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from codemill.config import IngestConfig, SourceConfig
+from codemill.data.config import IngestConfig, SourceConfig
 from codemill.data.folder_source import SourceNotFoundError
 from tests.system_tools import require
 

@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 import torch
 
-from codemill.config import CodeFeedbackConfig, GRPOConfig
 from codemill.models.engines import Completion, HFEngine, RolloutParams
 from codemill.problems.synthetic import synthetic_problems
 from codemill.rl.algorithms.grpo import aggregate, collate, sequence_logprobs, token_terms
+from codemill.rl.config import GRPOConfig
 from codemill.rl.envs import env_for
-from codemill.rl.envs.code_feedback import feedback_text, visible_cases
+from codemill.rl.envs.code_feedback import CodeFeedbackConfig, feedback_text, visible_cases
 from codemill.rl.rollout import collect_rollouts
 from codemill.rl.trajectory import read_rollouts, write_rollouts
 from codemill.rl.update import plan_update

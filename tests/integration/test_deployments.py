@@ -80,7 +80,7 @@ def test_serve_registers_schedule_and_runs_a_triggered_deployment(small_corpus, 
 
 
 def test_failed_flow_run_is_recorded_on_its_mlflow_run(small_corpus, tmp_path):
-    from codemill.config import SourceConfig
+    from codemill.data.config import SourceConfig
     from codemill.flows.pipeline import pipeline
     from codemill.lineage import Lineage
 

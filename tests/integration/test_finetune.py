@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from codemill.config import LoraConfig, ModelConfig
+from codemill.models.config import LoraConfig, ModelConfig
 from codemill.store import ArtifactRef, ArtifactStore
 from tests.integration.helpers import small_pipeline_config
 

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from codemill.config import EvalConfig
 from codemill.evals import humaneval as he
 from codemill.evals import infilling as inf
 from codemill.evals import suites
+from codemill.evals.config import EvalConfig
 from codemill.evals.suites import humaneval_infilling as hi
 from codemill.evals.suites.base import SuiteRun, load_eval_model
 

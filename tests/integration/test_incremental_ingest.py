@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from codemill.config import IngestConfig, SourceConfig
+from codemill.data.config import IngestConfig, SourceConfig
 from codemill.tasks.common import RunContext
 
 pytestmark = pytest.mark.integration

@@ -16,8 +16,8 @@ import pytest
 from prefect.settings import PREFECT_API_URL
 from safetensors.torch import load_file
 
-from codemill.config import TrainConfig
 from codemill.models.checkpoint import committed_steps, lock_dir
+from codemill.models.config import TrainConfig
 from codemill.models.launch import threads_per_rank, torchrun_command
 from codemill.models.trainer import TrainSpec
 from codemill.store import ArtifactStore

@@ -17,7 +17,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from codemill.config import MetricsConfig
+from codemill.metrics.config import MetricsConfig
 from codemill.store import ArtifactStore
 from tests.conftest import free_port
 from tests.integration.helpers import small_pipeline_config

@@ -10,9 +10,9 @@ import polars as pl
 import pytest
 from mlflow import MlflowClient
 
-from codemill.config import ProblemSourceConfig
 from codemill.lineage import mlflow_digest
 from codemill.plan import manifest_digest
+from codemill.problems.config import ProblemSourceConfig
 from codemill.problems.sets import ProblemFileError
 from codemill.store import ArtifactRef, ArtifactStore
 from tests.integration.helpers import small_pipeline_config
@@ -117,7 +117,7 @@ def wrong_square(x):
 
 
 def test_doctests_are_mined_from_the_ingested_corpus(tmp_path):
-    from codemill.config import SourceConfig
+    from codemill.data.config import SourceConfig
     from codemill.flows.problems import problems
 
     corpus = tmp_path / "src" / "helpers"

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from codemill.config import ProblemsConfig, ProblemSourceConfig
 from codemill.data.sources import SourceError
+from codemill.problems.config import ProblemsConfig, ProblemSourceConfig
 from codemill.problems.sets import build_problem_set, fingerprint_problem_sources
 from codemill.sandbox import Limits
 from codemill.sandbox.judge_pool import JudgePool

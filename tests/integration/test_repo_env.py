@@ -13,15 +13,15 @@ from typing import Any
 
 import pytest
 
-from codemill.config import END_OF_TURN, ImportedRepoTasksConfig, RepoEnvConfig, RepoTasksConfig
 from codemill.models.engines import Completion, HFEngine, RolloutParams
 from codemill.repos.agents import do_nothing, oracle
 from codemill.repos.cache import RepoCache
+from codemill.repos.config import ImportedRepoTasksConfig, RepoTasksConfig
 from codemill.repos.task import RepoTask, write_tasks
 from codemill.repos.taskset import build_task_set
 from codemill.repos.toolcall import render_call
 from codemill.rl.envs import env_for, opened, read_tasks
-from codemill.rl.envs.repo import RepoEnv, RepoProblem
+from codemill.rl.envs.repo import END_OF_TURN, RepoEnv, RepoEnvConfig, RepoProblem
 from codemill.rl.metrics import rollout_metrics, scalar_metrics
 from codemill.rl.rollout import collect_rollouts
 from codemill.rl.trajectory import rollouts_table

@@ -18,16 +18,11 @@ from pathlib import Path
 import pytest
 from prefect.settings import PREFECT_API_URL
 
-from codemill.config import (
-    END_OF_TURN,
-    ImportedRepoTasksConfig,
-    PipelineConfig,
-    RepositoryConfig,
-    RepoTasksConfig,
-    SynthesizedRepoTasksConfig,
-)
+from codemill.config import PipelineConfig
 from codemill.repos import git
+from codemill.repos.config import ImportedRepoTasksConfig, RepositoryConfig, RepoTasksConfig, SynthesizedRepoTasksConfig
 from codemill.repos.task import write_tasks
+from codemill.rl.envs.repo import END_OF_TURN
 from codemill.rl.trajectory import read_rollouts
 from codemill.store import ArtifactStore
 from tests.integration.repo_fixture import make_repo

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import json
 
-from codemill.config import ImportedRepoTasksConfig, RepositoryConfig, SynthesizedRepoTasksConfig
 from codemill.lineage import mlflow_digest
 from codemill.repos import git
+from codemill.repos.config import ImportedRepoTasksConfig, RepositoryConfig, SynthesizedRepoTasksConfig
 from codemill.repos.evaluate import grade_predictions
 from codemill.repos.task import Prediction, write_tasks
 from codemill.repos.taskset import TaskSet

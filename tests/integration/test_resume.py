@@ -14,11 +14,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from codemill.config import IngestConfig, ModelConfig, SourceConfig, TokenizeConfig, TrainConfig
+from codemill.data.config import IngestConfig, SourceConfig, TokenizeConfig
 from codemill.data.ingest import run_ingest
 from codemill.data.tokenize import build_tokenizer, run_tokenize
 from codemill.models.build import build_model
 from codemill.models.checkpoint import committed_steps
+from codemill.models.config import ModelConfig, TrainConfig
 from codemill.models.launch import torchrun_command
 from codemill.models.trainer import TrainSpec
 

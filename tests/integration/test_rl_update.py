@@ -19,9 +19,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from codemill.config import GRPOConfig, ModelConfig
 from codemill.models.checkpoint import committed_steps
+from codemill.models.config import ModelConfig
 from codemill.models.launch import torchrun_command
+from codemill.rl.config import GRPOConfig
 from codemill.rl.trajectory import write_rollouts
 from codemill.rl.update import SUMMARY, RLUpdateSpec, update
 

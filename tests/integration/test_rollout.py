@@ -173,8 +173,8 @@ def test_an_iteration_samples_the_same_rows_whatever_rl_rollout_threads_is(polic
     torch thread whatever torch had before (restored after), so the rows are the same."""
     import torch
 
-    from codemill.config import RLConfig, RolloutConfig
     from codemill.rl.collect import collect_iteration
+    from codemill.rl.config import RLConfig, RolloutConfig
 
     torch.set_num_threads(2)
     runs = []

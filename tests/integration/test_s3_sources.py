@@ -8,7 +8,7 @@ import json
 import polars as pl
 import pytest
 
-from codemill.config import IngestConfig, SourceConfig
+from codemill.data.config import IngestConfig, SourceConfig
 from codemill.data.ingest import fingerprint_sources, run_ingest
 from codemill.data.sources import SourceError, plan_chunks
 from tests.conftest import s3_bucket, start_moto_server

@@ -178,7 +178,7 @@ def test_humaneval_samples_with_vllm_what_the_hf_engine_samples(setup, tmp_path,
     """``codemill evaluate`` with ``evaluate.engine: vllm`` (float32) in the vLLM environment: the HumanEval
     suite's greedy completions are the HF engine's, token for token, and the eval artifact's config names the
     engine (its digest is not the HF evaluation's)."""
-    from codemill.config import EvalConfig
+    from codemill.evals.config import EvalConfig
     from codemill.evals.humaneval import load_problems
     from codemill.evals.suites.base import load_eval_model
     from codemill.evals.suites.humaneval import humaneval_samples

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from codemill.config import TrainConfig
 from codemill.models.checkpoint import Checkpointer, committed_steps, staging_dir, step_dir
+from codemill.models.config import TrainConfig
 from codemill.models.trainer import RankZeroLogger, TrainSpec, TrainState
 
 

@@ -1,7 +1,9 @@
 import pytest
 import yaml
 
-from codemill.config import PipelineConfig, SourceConfig, TrainConfig, load_config, load_preset, preset_names
+from codemill.config import PipelineConfig, load_config, load_preset, preset_names
+from codemill.data.config import SourceConfig
+from codemill.models.config import TrainConfig
 
 
 def test_presets_load():

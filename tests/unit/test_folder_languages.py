@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from codemill.cli import app
-from codemill.config import DEFAULT_LANGUAGES, STDLIB_EXCLUDES, STDLIB_INCLUDE, IngestConfig, SourceConfig
+from codemill.data.config import DEFAULT_LANGUAGES, STDLIB_EXCLUDES, STDLIB_INCLUDE, IngestConfig, SourceConfig
 from codemill.data.corpus import read_split
 from codemill.data.folder_source import Rejections, iter_candidates
 from codemill.data.ingest import run_ingest

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from codemill.config import ModelConfig
+from codemill.models.config import ModelConfig
 from codemill.rl.algorithms.grpo import (
     aggregate,
     collate,

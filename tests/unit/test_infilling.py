@@ -9,11 +9,11 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from codemill.config import EvalConfig
 from codemill.data import fim
 from codemill.data.tokenizer import EOS_TOKEN, FIM_TOKENS, PAD_TOKEN, train_bpe
 from codemill.evals import infilling as inf
 from codemill.evals import suites
+from codemill.evals.config import EvalConfig
 from codemill.evals.humaneval import load_problems
 from codemill.evals.suites import humaneval_infilling as hi
 from codemill.evals.suites.base import EvalModel, SuiteRun

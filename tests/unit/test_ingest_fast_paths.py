@@ -12,8 +12,8 @@ import polars as pl
 import pytest
 from polars.testing import assert_frame_equal
 
-from codemill.config import RedactionConfig
 from codemill.data import redact as R
+from codemill.data.config import RedactionConfig
 from codemill.data.decontaminate import TABLE_BITS, NgramIndex, indexed_ngrams
 from codemill.data.filters import fast_filter_stats, filter_stats, head_lines
 from codemill.data.redact import redact_column, redact_text

@@ -5,7 +5,7 @@ import json
 import polars as pl
 import pytest
 
-from codemill.config import IngestConfig, SourceConfig
+from codemill.data.config import IngestConfig, SourceConfig
 from codemill.data.corpus import read_split
 from codemill.data.ingest import DirChunkCache, diff_ledgers, run_ingest
 from codemill.data.sources import SourceError, plan_chunks, read_chunk

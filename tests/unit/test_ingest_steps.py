@@ -7,7 +7,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from codemill.config import DecontaminationConfig, EvalSetConfig, FilterConfig, IngestConfig, RedactionConfig
+from codemill.data.config import DecontaminationConfig, EvalSetConfig, FilterConfig, IngestConfig, RedactionConfig
 from codemill.data.decontaminate import build_index, contamination, load_eval_texts
 from codemill.data.dedup import normalized_hash, resolve_duplicates
 from codemill.data.filters import FILTER, apply_filters

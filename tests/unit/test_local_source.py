@@ -5,7 +5,7 @@ import subprocess
 import polars as pl
 import pytest
 
-from codemill.config import DEFAULT_LANGUAGES, SourceConfig
+from codemill.data.config import DEFAULT_LANGUAGES, SourceConfig
 from codemill.data.filters import language_expr
 from codemill.data.folder_source import (
     FolderRules,

@@ -12,10 +12,10 @@ import pytest
 import torch
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask, create_mask, flex_attention
 
-from codemill.config import ModelConfig
 from codemill.data.pack import positions_from_starts
 from codemill.models.batches import model_inputs
 from codemill.models.build import build_model, use_attention
+from codemill.models.config import ModelConfig
 from codemill.models.masking import (
     FLEX,
     SDPA,

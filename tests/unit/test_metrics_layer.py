@@ -13,7 +13,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from codemill import metrics
-from codemill.config import MetricsConfig, PipelineConfig
+from codemill.config import PipelineConfig
+from codemill.metrics.config import MetricsConfig
 from codemill.metrics.definitions import OFF, Metrics, build
 from codemill.metrics.push import Pusher, flow_metrics
 from tests.conftest import free_port

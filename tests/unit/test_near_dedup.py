@@ -7,7 +7,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from codemill.config import IngestConfig, SourceConfig
+from codemill.data.config import IngestConfig, SourceConfig
 from codemill.data.dedup import resolve_duplicates
 from codemill.data.ingest import CHUNK_CODE_VERSION, INGEST_CODE_VERSION, prepare, run_ingest
 from codemill.data.minhash import (

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from codemill.config import EvalConfig, load_preset
+from codemill.config import load_preset
+from codemill.evals.config import EvalConfig
 from codemill.flows.plan import PHASES, describe, plan_pipeline
 from codemill.plan import StagePlan, manifest_digest
 from codemill.store import ArtifactStore

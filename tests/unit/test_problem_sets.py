@@ -10,8 +10,9 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from codemill.config import DecontaminationConfig, ProblemsConfig, ProblemSourceConfig
+from codemill.data.config import DecontaminationConfig
 from codemill.data.sources import SourceError
+from codemill.problems.config import ProblemsConfig, ProblemSourceConfig
 from codemill.problems.problem import ExecProblem
 from codemill.problems.sets import (
     ProblemFileError,

@@ -7,8 +7,9 @@ import pytest
 from typer.testing import CliRunner
 
 from codemill.cli import app
-from codemill.config import ProblemsConfig, ProblemSourceConfig, load_preset
+from codemill.config import load_preset
 from codemill.plan import external_input
+from codemill.problems.config import ProblemsConfig, ProblemSourceConfig
 from codemill.tasks.problems import plan_problems
 
 FILE_FP = [{"name": "p.jsonl", "kind": "jsonl", "root": "/x/p.jsonl", "fingerprint": "a" * 64, "files": 1}]

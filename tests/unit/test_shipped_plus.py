@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from codemill.config import AugmentConfig
 from codemill.plan import manifest_digest
+from codemill.problems.config import AugmentConfig
 from codemill.problems.plus.artifact import plan_augment, read_augmented, write_augmented
 from codemill.problems.plus.augment import Counts
 from codemill.problems.plus.ship import SHIPPED_PRESETS, preset_augment

@@ -6,8 +6,9 @@ import numpy as np
 import polars as pl
 import pytest
 
-from codemill.config import SUITES, EvalConfig, StageConfig, SuiteName
 from codemill.evals import suites
+from codemill.evals.config import SUITES, EvalConfig, SuiteName
+from codemill.stage_config import StageConfig
 
 
 def test_every_suite_name_is_registered_with_a_config_section_and_unique_metrics():

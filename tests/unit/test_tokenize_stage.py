@@ -10,8 +10,8 @@ import numpy as np
 import polars as pl
 import pytest
 
-from codemill.config import TokenizeConfig
 from codemill.data import fim
+from codemill.data.config import TokenizeConfig
 from codemill.data.pack import Packer, TokenShardWriter, open_token_shards, positions_from_starts
 from codemill.data.tokenize import DocumentEncoder, run_tokenize
 from codemill.data.tokenizer import EOS_TOKEN, FIM_TOKENS, PAD_TOKEN, train_bpe
