@@ -48,7 +48,7 @@ KNOWN: list[tuple[str, str, str | None]] = [
     ("codemill.data.folder_source", "SourceNotFoundError", "check the source path in the config or --source"),
     ("codemill.data.sources", "SourceError", None),
     ("codemill.problems.sets", "ProblemFileError", "fix or remove the named line; nothing was committed"),
-    ("codemill.lineage_read", "LineageError", None),
+    ("codemill.lineage.read", "LineageError", None),
     ("codemill.models.launch", "TrainingFailed",
      "the trainer's output above has the rest; a rerun resumes from the last committed checkpoint"),
     ("codemill.models.checkpoint", "CheckpointDirBusy", "another trainer holds this checkpoint folder; wait for "

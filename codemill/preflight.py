@@ -107,7 +107,7 @@ def check_tracking(cfg: PipelineConfig) -> Check:
     """The tracking store the run will use (``mlflow_tracking_uri``, as the flows read it): an HTTP server must
     answer and accept this client's credentials (one authenticated read through MLflow's client, the run's
     own first call); a SQLite or file store's folder must be writable."""
-    from codemill.lineage_check import check_local_tracking_store, check_tracking_server, is_http
+    from codemill.lineage.check import check_local_tracking_store, check_tracking_server, is_http
 
     uri = cfg.mlflow_tracking_uri
     try:

@@ -12,12 +12,12 @@ from typing import Any
 
 import polars as pl
 
-from codemill import tags as T
 from codemill.evals import suites
 from codemill.evals.calibration import gate_noise, noise_of
 from codemill.evals.gate import GateMetric, ItemScores, gate
-from codemill.lineage_read import LineageError, LineageReader
-from codemill.lineage_view import manifest_of
+from codemill.lineage import tags as T
+from codemill.lineage.read import LineageError, LineageReader
+from codemill.lineage.view import manifest_of
 from codemill.store import ArtifactStore, Manifest
 
 

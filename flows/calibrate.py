@@ -14,7 +14,6 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
-from codemill import tags as T
 from codemill.config import PipelineConfig
 from codemill.evals import calibration as cal
 from codemill.flows.artifacts import mlflow_ui_links
@@ -23,6 +22,7 @@ from codemill.flows.hooks import record_failure_on_mlflow, run_name_from, tag_cu
 from codemill.flows.nightly import champion_start
 from codemill.flows.plan import DATA_FOR_EVALS, plan_pipeline
 from codemill.flows.seeds import train_and_evaluate
+from codemill.lineage import tags as T
 from codemill.tasks.calibrate import calibrate_task, plan_calibration
 from codemill.tasks.common import StageResult
 from codemill.tasks.ingest import fingerprint_sources_task

@@ -9,7 +9,6 @@ from typing import Any
 from prefect import flow
 from prefect.runtime import flow_run
 
-from codemill import tags as T
 from codemill.config import PipelineConfig
 from codemill.evals.calibration import gate_noise, recipe_key
 from codemill.evals.suites import SUITE_OF_METRIC
@@ -25,6 +24,7 @@ from codemill.flows.common import (
 from codemill.flows.hooks import record_failure_on_mlflow
 from codemill.flows.plan import config_recipe, plan_evaluations
 from codemill.lineage import Registry
+from codemill.lineage import tags as T
 from codemill.store import MANIFEST, ArtifactRef, ArtifactStore, Manifest
 from codemill.tasks.common import RunContext, StageResult
 from codemill.tasks.gate import gate_task

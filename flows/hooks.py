@@ -54,8 +54,8 @@ def record_failure_on_mlflow(flow, flow_run, state) -> None:
     Best effort: when the tracking server itself is what failed, the hook says so in the Prefect log."""
     from prefect.logging import get_logger
 
-    from codemill import tags as T
     from codemill.lineage import Lineage
+    from codemill.lineage import tags as T
 
     logger = get_logger("codemill.hooks")
     try:

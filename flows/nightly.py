@@ -12,11 +12,11 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
-from codemill import tags as T
 from codemill.config import PipelineConfig
 from codemill.flows.hooks import record_failure_on_mlflow, run_name_from
 from codemill.flows.pipeline import run_pipeline
 from codemill.lineage import Registry
+from codemill.lineage import tags as T
 from codemill.tasks.common import RunContext
 from codemill.tasks.resolve_model import resolve_model
 

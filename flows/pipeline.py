@@ -15,7 +15,6 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
-from codemill import tags as T
 from codemill.config import PipelineConfig
 from codemill.flows.artifacts import publish_run_artifacts
 from codemill.flows.common import (
@@ -32,6 +31,7 @@ from codemill.flows.evaluate import gate_against_champion
 from codemill.flows.hooks import record_failure_on_mlflow, run_name_from, tag_current_flow_run
 from codemill.flows.plan import plan_pipeline
 from codemill.flows.seeds import seed_evals
+from codemill.lineage import tags as T
 from codemill.plan import Phase
 from codemill.tasks.ingest import fingerprint_sources_task
 from codemill.tasks.resolve_model import trained_model

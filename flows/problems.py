@@ -14,11 +14,11 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 from prefect.runtime import flow_run
 
-from codemill import tags as T
 from codemill.config import PipelineConfig
 from codemill.flows.common import execute, flow_result, flow_run_metrics, flow_run_url, open_flow_run
 from codemill.flows.hooks import record_failure_on_mlflow, run_name_from, tag_current_flow_run
 from codemill.flows.plan import Step, plan_pipeline
+from codemill.lineage import tags as T
 from codemill.store import ArtifactStore
 from codemill.tasks.ingest import fingerprint_sources_task
 from codemill.tasks.problems import fingerprint_problem_sources_task, needs_corpus, plan_problems, problems_task

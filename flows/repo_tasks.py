@@ -9,11 +9,11 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
-from codemill import tags as T
 from codemill.config import PipelineConfig
 from codemill.flows.common import execute, flow_result, flow_run_metrics, flow_run_url, open_flow_run
 from codemill.flows.hooks import record_failure_on_mlflow, run_name_from, tag_current_flow_run
 from codemill.flows.plan import Step
+from codemill.lineage import tags as T
 from codemill.tasks.repo_tasks import fingerprint_repo_sources_task, plan_repo_tasks, repo_tasks_task
 
 

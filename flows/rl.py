@@ -19,7 +19,6 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 from prefect.runtime import flow_run
 
-from codemill import tags as T
 from codemill.config import PipelineConfig
 from codemill.flows.artifacts import publish_png
 from codemill.flows.common import (
@@ -37,6 +36,7 @@ from codemill.flows.plan import Step, plan_pipeline
 from codemill.flows.problems import plan_problem_steps
 from codemill.flows.repo_tasks import plan_repo_task_steps
 from codemill.lineage import Registry
+from codemill.lineage import tags as T
 from codemill.rl.envs import task_stage
 from codemill.rl.metrics import counted_metrics
 from codemill.store import ArtifactRef, ArtifactStore

@@ -11,10 +11,10 @@ from prefect.context import TaskRunContext
 from pydantic import BaseModel, Field
 
 from codemill import metrics
-from codemill import tags as T
 from codemill.cost import measure
 from codemill.lineage import Lineage
-from codemill.lineage_check import absolute_tracking_uri
+from codemill.lineage import tags as T
+from codemill.lineage.check import absolute_tracking_uri
 from codemill.plan import StagePlan
 from codemill.store import ArtifactRef, ArtifactStore, ArtifactWriter, Manifest
 

@@ -8,12 +8,12 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 
 import codemill.metrics
-from codemill import tags as T
 from codemill.config import GateConfig
 from codemill.evals import suites
 from codemill.evals.calibration import mean_scores, noise_of, spread
 from codemill.evals.gate import GateMetric, gate, markdown_report
 from codemill.lineage import Registry
+from codemill.lineage import tags as T
 from codemill.tasks.common import RunContext, StageResult
 from codemill.tasks.evaluate import load_rows
 from codemill.tasks.resolve_model import ResolvedModel

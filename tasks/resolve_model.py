@@ -6,9 +6,9 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from codemill import tags as T
 from codemill.errors import UserFacingError
 from codemill.hashing import combine_digests, sha256_file
+from codemill.lineage import tags as T
 from codemill.store import MANIFEST, ArtifactRef, Manifest
 from codemill.tasks.common import RunContext, StageResult
 

@@ -10,7 +10,7 @@ import json
 import pytest
 from mlflow import MlflowClient
 
-from codemill import tags as T
+from codemill.lineage import tags as T
 from tests.integration.helpers import small_pipeline_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_harness")]

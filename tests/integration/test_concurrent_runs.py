@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from prefect.settings import PREFECT_API_URL
 
-from codemill import tags as T
-from codemill.lineage_read import LineageReader
+from codemill.lineage import tags as T
+from codemill.lineage.read import LineageReader
 from codemill.store import ArtifactRef, ArtifactStore
 from tests.integration.helpers import small_pipeline_config
 from tests.integration.store_checks import committed_artifacts, use_s3

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from codemill.lineage_check import absolute_tracking_uri
+from codemill.lineage.check import absolute_tracking_uri
 from codemill.plan import StagePlan
 from codemill.tasks.common import RunContext, artifact_cache_key
 

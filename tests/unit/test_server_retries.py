@@ -8,7 +8,7 @@ from mlflow.exceptions import MlflowException
 from prefect.states import Failed
 
 from codemill.lineage import Lineage
-from codemill.lineage_check import TrackingServerUnavailable
+from codemill.lineage.check import TrackingServerUnavailable
 from codemill.tasks.common import retry_on_server_error
 from tests.conftest import free_port
 

@@ -285,7 +285,7 @@ def test_compare_fits(width: int) -> None:
 
 @pytest.mark.parametrize("width", WIDTHS)
 def test_the_lineage_tree_fits_with_store_paths_and_digests_short(store: ArtifactStore, width: int) -> None:
-    from codemill.lineage_view import node, render
+    from codemill.lineage.view import node, render
 
     stages = _stages(store)
 

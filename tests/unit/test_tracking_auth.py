@@ -9,7 +9,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import PERMISSION_DENIED, RESOURCE_DOES_NOT_EXIST, UNAUTHENTICATED
 from prefect.states import Failed
 
-from codemill.lineage import TrackingAccessDenied, _GuardedClient, access_error
+from codemill.lineage.access import TrackingAccessDenied, _GuardedClient, access_error
 from codemill.tasks.common import retry_on_server_error
 
 URI = "http://mlflow:5000"

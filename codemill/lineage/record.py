@@ -1,4 +1,4 @@
-"""All MLflow logging of the pipeline (the trainer's rank-0 metric logger aside).
+"""All MLflow writes of the pipeline, the trainer's rank-0 logging included.
 
 The chain, as the MLflow UI and ``MlflowClient`` see it:
 eval metric (model_id, dataset digest) -> LoggedModel (source_run_id = train run, tag codemill.digest)
@@ -13,9 +13,7 @@ mlflow's fluent state after log_model is known to be stale (mlflow#21839).
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
-import os
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -27,9 +25,9 @@ from mlflow import MlflowClient
 from mlflow.entities import DatasetInput, InputTag, LoggedModelInput, LoggedModelOutput, Metric, RunStatus
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
 
-from codemill import tags as T
-from codemill.errors import UserFacingError
-from codemill.lineage_check import check_tracking_server
+from codemill.lineage import tags as T
+from codemill.lineage.access import check_credentials, guarded_client
+from codemill.lineage.check import check_tracking_server
 from codemill.store import ArtifactRef, Manifest
 
 if TYPE_CHECKING:
@@ -45,74 +43,6 @@ def mlflow_digest(digest: str) -> str:
     return digest[:MLFLOW_DIGEST_CHARS]
 
 
-# --- authentication --------------------------------------------------------------------------------------
-# A server run with MLflow's basic-auth app (deployments/mlflow/) answers 401 to a client without valid
-# credentials and 403 to an identity without the permission. Clients authenticate with MLflow's standard
-# MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD; codemill never puts them in a config (configs are logged).
-PIPELINE_USER, READER_USER = "pipeline", "reader"
-IDENTITY_GRANTS = {PIPELINE_USER: "EDIT", READER_USER: "READ"}  # on every experiment and registered model
-
-
-class TrackingAccessDenied(UserFacingError, PermissionError):
-    """The tracking server refused the credentials (HTTP 401) or this identity's right to an operation (403)."""
-
-    def __init__(self, message: str, status: int, operation: str, user: str | None) -> None:
-        super().__init__(message, hint=("check MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD" if status == 401
-                                        else f"ask the server's admin to grant {user!r} EDIT on this experiment"))
-        self.status, self.operation, self.user = status, operation, user
-
-
-def tracking_user() -> str | None:
-    return os.environ.get("MLFLOW_TRACKING_USERNAME") or None
-
-
-def http_status(exc: BaseException) -> int | None:
-    """The HTTP status behind an MLflow client error (REST calls) or a requests error (artifact uploads)."""
-    from mlflow.exceptions import MlflowException
-
-    if isinstance(exc, MlflowException):
-        return exc.get_http_status_code()
-    response = getattr(exc, "response", None)
-    return getattr(response, "status_code", None)
-
-
-def access_error(tracking_uri: str, exc: BaseException, operation: str) -> TrackingAccessDenied | None:
-    """A 401/403 from the server as an error naming the server, the user and the operation; None otherwise."""
-    status, user = http_status(exc), tracking_user()
-    if status == 401:
-        who = (f"the credentials of user {user!r} (MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD)" if user
-               else "an anonymous client (set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD)")
-        return TrackingAccessDenied(f"MLflow tracking server {tracking_uri} refused {who}: HTTP 401 "
-                                    f"not authenticated ({operation})", 401, operation, user)
-    if status == 403:
-        return TrackingAccessDenied(f"MLflow tracking server {tracking_uri} denied user {user!r} permission to "
-                                    f"{operation}: HTTP 403 permission denied", 403, operation, user)
-    return None
-
-
-class _GuardedClient:
-    """An MlflowClient whose 401/403 failures raise TrackingAccessDenied (never swallowed as 'not found')."""
-
-    def __init__(self, client: MlflowClient, tracking_uri: str) -> None:
-        self._client, self._uri = client, tracking_uri
-
-    def __getattr__(self, name: str) -> Any:
-        attr = getattr(self._client, name)
-        if not callable(attr):
-            return attr
-
-        @functools.wraps(attr)
-        def call(*args: Any, **kwargs: Any) -> Any:
-            try:
-                return attr(*args, **kwargs)
-            except Exception as e:
-                denied = access_error(self._uri, e, name)
-                if denied is None:
-                    raise
-                raise denied from e
-        return call
-
-
 DATABASE_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql")  # MLflow's SQLAlchemy store (``scheme[+driver]://``)
 
 
@@ -122,71 +52,6 @@ def preload_store(tracking_uri: str) -> None:
     time it spends waiting anyway."""
     if tracking_uri.split(":", 1)[0].split("+", 1)[0] in DATABASE_SCHEMES:
         import mlflow.store.tracking.sqlalchemy_store  # noqa: F401
-
-
-def guarded_client(tracking_uri: str) -> MlflowClient:
-    """The client every codemill MLflow call goes through (lineage writes and the lineage reader)."""
-    from typing import cast
-
-    return cast(MlflowClient, _GuardedClient(MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri),
-                                             tracking_uri))
-
-
-def check_credentials(tracking_uri: str) -> None:
-    """Preflight, before any stage runs: one authenticated read, so a wrong or missing password fails the flow
-    at start with TrackingAccessDenied naming the server (a server without auth simply answers)."""
-    if tracking_uri.startswith(("http://", "https://")):
-        guarded_client(tracking_uri).search_experiments(max_results=1)
-
-
-def provision_identities(tracking_uri: str, passwords: dict[str, str], experiments: list[str],
-                         registered_models: list[str]) -> list[str]:
-    """Create or update codemill's identities on a basic-auth server; run with an admin's MLFLOW_TRACKING_*.
-
-    ``passwords``: username -> password for ``pipeline`` (EDIT on every experiment and registered model: runs,
-    LoggedModels, versions, the alias) and ``reader`` (READ on all of them). Existing users get the password
-    given (this is how passwords rotate) and lose admin rights. The experiments and registered models named are
-    created by the admin first, so no other identity can create them and own them. Returns what was done."""
-    from mlflow.exceptions import MlflowException
-    from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS, ErrorCode
-    from mlflow.server import get_app_client
-
-    check_tracking_server(tracking_uri)
-    auth = get_app_client("basic-auth", tracking_uri=tracking_uri)
-    client = guarded_client(tracking_uri)
-    done: list[str] = []
-    for user, password in passwords.items():
-        level = IDENTITY_GRANTS[user]
-        try:
-            existing = auth.get_user(user)
-        except MlflowException:
-            existing = None
-        if existing is None:
-            auth.create_user(user, password)
-            done.append(f"created user {user}")
-        else:
-            auth.update_user_password(user, password)
-            if existing.is_admin:
-                auth.update_user_admin(user, False)
-            done.append(f"set the password of {user}")
-        for resource_type in ("experiment", "registered_model"):
-            try:
-                auth.grant_user_permission(user, resource_type, "*", level)
-            except MlflowException as e:
-                if e.error_code != ErrorCode.Name(RESOURCE_ALREADY_EXISTS):
-                    raise
-                auth.revoke_user_permission(user, resource_type, "*")  # the level given here is the one that holds
-                auth.grant_user_permission(user, resource_type, "*", level)
-            done.append(f"{user}: {level} on every {resource_type}")
-    for name in experiments:
-        if client.get_experiment_by_name(name) is None:
-            client.create_experiment(name)
-            done.append(f"created experiment {name}")
-    for name in registered_models:
-        with contextlib.suppress(MlflowException):  # exists already
-            client.create_registered_model(name)
-            done.append(f"created registered model {name}")
-    return done
 
 
 class Lineage:
@@ -200,6 +65,15 @@ class Lineage:
         self.client = guarded_client(tracking_uri)
         exp = self.client.get_experiment_by_name(experiment_name)
         self.experiment_id = exp.experiment_id if exp else self._create_experiment(experiment_name)
+
+    @classmethod
+    def of_run(cls, run_id: str) -> Lineage:
+        """A Lineage on one run's own experiment at this process's tracking URI (``MLFLOW_TRACKING_URI``): all a
+        process handed only a run id has to go on (the trainer's rank 0)."""
+        uri = mlflow.get_tracking_uri()
+        client = MlflowClient(uri)
+        experiment = client.get_experiment(client.get_run(run_id).info.experiment_id)
+        return cls(uri, experiment.name)
 
     def _create_experiment(self, name: str) -> str:
         try:
@@ -348,6 +222,23 @@ class Lineage:
         self.client.log_model_artifacts(model.model_id, str(hf_dir))
         self.client.finalize_logged_model(model.model_id, "READY")
         self.client.log_outputs(run_id, [LoggedModelOutput(model.model_id, step)])
+        return model.model_id
+
+    def log_step_checkpoint(self, run_id: str, step: int, losses: dict[str, float | None], dataset_name: str,
+                            dataset_digest: str | None) -> str:
+        """A committed training checkpoint as a LoggedModel of the run, with its step and each loss given (on the
+        training data, when its digest is known). No location: the step folders are resume scratch, pruned and
+        deleted, while a LoggedModel is permanent."""
+        model = self.client.create_logged_model(self.experiment_id, name=f"ckpt-step{step}", source_run_id=run_id,
+                                                tags={T.CHECKPOINT_STEP: str(step)}, model_type="dcp-checkpoint")
+        self.client.finalize_logged_model(model.model_id, "READY")
+        self.client.log_outputs(run_id, [LoggedModelOutput(model.model_id, step)])
+        digest = mlflow_digest(dataset_digest) if dataset_digest else None
+        dataset = dataset_name if digest else None
+        for key, value in losses.items():
+            if value is not None:
+                self.client.log_metric(run_id, key, value, step=step, model_id=model.model_id, dataset_name=dataset,
+                                       dataset_digest=digest)
         return model.model_id
 
     def log_external_model(self, ref: ArtifactRef, folder: Path) -> str:

@@ -1,6 +1,6 @@
 """Is the MLflow tracking store there, checked over plain HTTP (or the file system) without importing MLflow:
 a dead server or an unwritable SQLite folder is found in well under a second. Credentials are checked by
-``lineage.check_credentials``, through MLflow's own client (its token, TLS and basic-auth settings)."""
+``lineage.access.check_credentials``, through MLflow's own client (its token, TLS and basic-auth settings)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The read side of lineage: every query codemill makes of MLflow (runs, LoggedModels, registry aliases) to
-browse the chain. Writes go through ``codemill.lineage``; the tag names both use are in ``codemill.tags``."""
+browse the chain. Writes go through ``lineage.record``; the tag names both use are in ``lineage.tags``."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Any
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
-from codemill import tags as T
-from codemill.lineage import guarded_client
+from codemill.lineage import tags as T
+from codemill.lineage.access import guarded_client
 
 
 class LineageError(LookupError):

@@ -1,5 +1,5 @@
-"""The names of codemill's MLflow tags, in one place: writers (``codemill.lineage``), readers
-(``codemill.lineage_read``) and the trainer's rank-0 logger all spell them from here. No MLflow import, so
+"""The names of codemill's MLflow tags, in one place: the writers (``lineage.record``), the readers
+(``lineage.read``) and the code that reads tags back from runs all spell them from here. No MLflow import, so
 anything may use them cheaply."""
 
 from __future__ import annotations

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from codemill import tags as T
-from codemill.lineage_read import LineageError, LineageReader
+from codemill.lineage import tags as T
+from codemill.lineage.read import LineageError, LineageReader
 from codemill.store import MANIFEST, ArtifactStore, Manifest
 
 Node = dict[str, Any]
