@@ -1,46 +1,21 @@
-"""The repo_tasks section: repositories and task sources (imported or synthesised), validation and split."""
+"""The repo_tasks section: task sources (one config per registered kind, in ``codemill.repos.sources``),
+validation and split."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING
 
 from pydantic import Field
 
 from codemill.data.config import DecontaminationConfig
+from codemill.registry import tagged_union
+from codemill.repos.sources import SOURCE_KINDS, RepoTaskSource
 from codemill.stage_config import StageConfig, runtime_only
 
-
-class RepositoryConfig(StageConfig):
-    """A local git repository (a work tree or a bare repository) that tasks are made from."""
-
-    name: str = Field(description="The tasks' `repo` (owner/name or a name).")
-    path: str = Field(description="Its local folder; nothing is fetched.")
-    commit: str = Field("HEAD", description="The commit the tasks start from (resolved to its hash when planned).")
-    requirements: list[str] = Field(default_factory=list, description="Installed distributions its tests need "
-                                    "besides pytest (linked into its execution environment).")
-
-
-class ImportedRepoTasksConfig(StageConfig):
-    """SWE-bench-format tasks from a file, with their repositories in a local folder."""
-
-    kind: Literal["import"] = "import"
-    tasks: str = Field(description="JSONL or Parquet of SWE-bench instances (local path or fsspec URL).")
-    repos: str = Field(description="Folder with one git repository per task `repo` (owner/name, owner__name or "
-                                   "name).")
-
-
-class SynthesizedRepoTasksConfig(StageConfig):
-    """Tasks made by bug injection from repositories with pytest suites (codemill.repos.synthesis)."""
-
-    kind: Literal["synthesis"] = "synthesis"
-    repositories: list[RepositoryConfig] = Field(default_factory=list, description="Where bugs are injected.")
-    per_operator: int = Field(4, ge=1, description="Mutants tried per operator and repository.")
-    seed: int = Field(0, description="Which mutants are sampled.")
-    min_pass_rate: float = Field(0.8, gt=0, le=1, description="A repository is admitted when this share of its "
-                                                              "(non-flaky) tests pass at the commit.")
-
-
-RepoTaskSourceConfig = Annotated[ImportedRepoTasksConfig | SynthesizedRepoTasksConfig, Field(discriminator="kind")]
+if TYPE_CHECKING:
+    RepoTaskSourceConfig = RepoTaskSource
+else:  # one member per registered source kind
+    RepoTaskSourceConfig = tagged_union(list(SOURCE_KINDS.values()), "kind")
 
 
 class RepoTasksConfig(StageConfig):

@@ -24,43 +24,37 @@ import shutil
 import tempfile
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from codemill.errors import UserFacingError
 from codemill.hashing import sha256_file
 from codemill.repos import git
 from codemill.repos.cache import RepoCache
-from codemill.repos.git import repo_folder
-from codemill.repos.pytest_run import repo_sandbox
-from codemill.repos.synthesis import Synthesizer, validate
+from codemill.repos.sources import BuildContext, MadeTask
 from codemill.repos.task import RepoTask, read_tasks, write_tasks
 
+if TYPE_CHECKING:
+    from codemill.repos.config import RepoTasksConfig
+
 REPO_TASKS_CODE_VERSION = "repo-tasks-v1"
-Say = Callable[[str], None]
 
 
-@dataclass
-class _Made:
-    task: RepoTask
-    repo: Path  # where base_commit lives
-    requirements: tuple[str, ...]
-
-
-def build_task_set(cfg: Any, out_dir: Path, cache: RepoCache, workers: int, say: Say = lambda _: None
-                   ) -> dict[str, Any]:
+def build_task_set(cfg: RepoTasksConfig, out_dir: Path, cache: RepoCache, workers: int,
+                   say: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
     """Every source's validated tasks into ``out_dir``; returns the stats the manifest keeps."""
     if not cfg.sources:
         raise UserFacingError("repo_tasks has no sources", hint="add an import or synthesis source to "
                                                                "repo_tasks.sources")
     scratch = Path(tempfile.mkdtemp(prefix="repo-tasks-", dir=cache.root if cache.root.exists() else None))
     try:
-        made, yields = [], []
+        ctx = BuildContext(cfg, cache, scratch, workers, say)
+        made: list[MadeTask] = []
+        yields = []
         for i, src in enumerate(cfg.sources):
             say(f"source {i}: {src.kind}")
-            got, report = (_imported(src, cfg, cache, scratch, workers) if src.kind == "import"
-                           else _synthesized(src, cfg, cache, scratch, workers, say))
+            got, report = src.make(ctx)
             made += got
             yields.append({"source": i, "kind": src.kind, **report})
         kept, contaminated = _decontaminate(made, cfg.decontamination)
@@ -83,43 +77,7 @@ def build_task_set(cfg: Any, out_dir: Path, cache: RepoCache, workers: int, say:
             "yield": yields}
 
 
-def _imported(src: Any, cfg: Any, cache: RepoCache, scratch: Path, workers: int
-              ) -> tuple[list[_Made], dict[str, Any]]:
-    from concurrent.futures import ThreadPoolExecutor
-
-    tasks = read_tasks(src.tasks)
-    sandbox = repo_sandbox(cfg.wall_s)
-
-    def one(task: RepoTask) -> _Made | str:
-        repo = repo_folder(Path(src.repos), task.repo)
-        try:
-            git.resolve_commit(repo, task.base_commit)
-        except UserFacingError:
-            return "missing repository or commit"
-        out = validate(task, cache, repo, sandbox, scratch, cfg.validation_runs)
-        return out if isinstance(out, str) else _Made(replace(out, source="import"), repo, ())
-
-    with ThreadPoolExecutor(max(1, workers)) as pool:
-        results = list(pool.map(one, tasks))
-    dropped = Counter(r for r in results if isinstance(r, str))
-    made = [r for r in results if not isinstance(r, str)]
-    return made, {"tasks": src.tasks, "read": len(tasks), "validated": len(made), "dropped": dict(dropped)}
-
-
-def _synthesized(src: Any, cfg: Any, cache: RepoCache, scratch: Path, workers: int, say: Say
-                 ) -> tuple[list[_Made], dict[str, Any]]:
-    synth = Synthesizer(cache, scratch / "task-repos", per_operator=src.per_operator, seed=src.seed,
-                        min_pass_rate=src.min_pass_rate, validation_runs=cfg.validation_runs, wall_s=cfg.wall_s,
-                        workers=workers, on_progress=say)
-    made, reports = [], []
-    for r in src.repositories:
-        report = synth.synthesize(r.name, Path(r.path), r.commit, r.requirements)
-        reports.append(report.summary())
-        made += [_Made(t, scratch / "task-repos" / r.name, tuple(r.requirements)) for t in report.tasks]
-    return made, {"repositories": reports}
-
-
-def _decontaminate(made: list[_Made], dcfg: Any) -> tuple[list[_Made], list[dict[str, str]]]:
+def _decontaminate(made: list[MadeTask], dcfg: Any) -> tuple[list[MadeTask], list[dict[str, str]]]:
     """Drop tasks whose problem statement or gold patch holds ``threshold`` of an eval text's n-grams."""
     if not dcfg.enabled or not made:
         return made, []
@@ -139,11 +97,11 @@ def _decontaminate(made: list[_Made], dcfg: Any) -> tuple[list[_Made], list[dict
     return kept, dropped
 
 
-def _bundle(made: list[_Made], out_dir: Path) -> dict[str, dict[str, str]]:
+def _bundle(made: list[MadeTask], out_dir: Path) -> dict[str, dict[str, str]]:
     """One bundle per repository name with a parentless commit per distinct base tree (no history)."""
     where: dict[str, dict[str, str]] = {}
     (out_dir / "snapshots").mkdir(parents=True, exist_ok=True)
-    by_repo: dict[str, list[_Made]] = {}
+    by_repo: dict[str, list[MadeTask]] = {}
     for m in made:
         by_repo.setdefault(m.task.repo, []).append(m)
     for name, group in sorted(by_repo.items()):

@@ -8,7 +8,7 @@ from prefect import get_run_logger, task
 
 from codemill import progress
 from codemill.lineage import Lineage
-from codemill.plan import StagePlan, external_input, file_input
+from codemill.plan import StagePlan, external_input
 from codemill.repos.config import RepoTasksConfig
 from codemill.store import ArtifactRef, ArtifactWriter, Manifest
 from codemill.tasks.common import RunContext, StageResult, run_stage, stage_task
@@ -19,20 +19,7 @@ STAGE = "repo_tasks"
 def fingerprint_repo_sources(cfg: RepoTasksConfig) -> list[dict[str, str]]:
     """What each source's tasks depend on, by content: an imported file's hash (its rows name their commits),
     each synthesis repository's resolved commit. A missing repository or commit stops here, before any work."""
-    from codemill.repos.git import resolve_commit
-
-    out = []
-    for i, src in enumerate(cfg.sources):
-        if src.kind == "import":
-            ref = file_input(f"tasks.{i}", src.tasks)
-            out.append({"key": f"source.{i}.import", "kind": "file", "name": src.tasks, "digest": ref.digest,
-                        "uri": src.tasks})
-            continue
-        for r in src.repositories:
-            commit = resolve_commit(r.path, r.commit)
-            out.append({"key": f"source.{i}.{r.name}", "kind": "repository", "name": r.name, "digest": commit,
-                        "uri": r.path})
-    return out
+    return [entry for i, src in enumerate(cfg.sources) for entry in src.fingerprint(i)]
 
 
 def plan_repo_tasks(cfg: RepoTasksConfig, sources: list[dict[str, str]]) -> StagePlan:

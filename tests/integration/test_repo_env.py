@@ -16,7 +16,8 @@ import pytest
 from codemill.models.engines import Completion, HFEngine, RolloutParams
 from codemill.repos.agents import do_nothing, oracle
 from codemill.repos.cache import RepoCache
-from codemill.repos.config import ImportedRepoTasksConfig, RepoTasksConfig
+from codemill.repos.config import RepoTasksConfig
+from codemill.repos.sources.imported import ImportedRepoTasksConfig
 from codemill.repos.task import RepoTask, write_tasks
 from codemill.repos.taskset import build_task_set
 from codemill.repos.toolcall import render_call

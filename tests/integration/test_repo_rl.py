@@ -20,7 +20,9 @@ from prefect.settings import PREFECT_API_URL
 
 from codemill.config import PipelineConfig
 from codemill.repos import git
-from codemill.repos.config import ImportedRepoTasksConfig, RepositoryConfig, RepoTasksConfig, SynthesizedRepoTasksConfig
+from codemill.repos.config import RepoTasksConfig
+from codemill.repos.sources.imported import ImportedRepoTasksConfig
+from codemill.repos.sources.synthesized import RepositoryConfig, SynthesizedRepoTasksConfig
 from codemill.repos.task import write_tasks
 from codemill.rl.envs.repo import END_OF_TURN
 from codemill.rl.trajectory import read_rollouts

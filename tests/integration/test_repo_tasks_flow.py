@@ -8,8 +8,9 @@ import json
 
 from codemill.lineage import mlflow_digest
 from codemill.repos import git
-from codemill.repos.config import ImportedRepoTasksConfig, RepositoryConfig, SynthesizedRepoTasksConfig
 from codemill.repos.evaluate import grade_predictions
+from codemill.repos.sources.imported import ImportedRepoTasksConfig
+from codemill.repos.sources.synthesized import RepositoryConfig, SynthesizedRepoTasksConfig
 from codemill.repos.task import Prediction, write_tasks
 from codemill.repos.taskset import TaskSet
 from tests.integration.helpers import small_pipeline_config
