@@ -26,8 +26,8 @@ import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +37,7 @@ from pydantic import BaseModel, Field
 
 from codemill import __version__
 from codemill.hashing import sha256_file
+from codemill.store_claim import Claim, ClaimOwner, is_s3, local_claim, s3_claim
 
 if TYPE_CHECKING:
     from codemill.plan import StagePlan
@@ -221,6 +222,31 @@ class ArtifactStore:
                 m = Manifest.model_validate_json(fh.read())
             out.append(self.ref(m.stage, m.name, m.digest))
         return out
+
+    # --- claims ---------------------------------------------------------------------------------------------
+    def claim_path(self, stage: str, key: str) -> str:
+        """Where the claim on ``key`` lives: a hidden file in the stage's folder, beside its artifacts."""
+        return f"{self.root}/{stage}/.{key}.claim"
+
+    @contextmanager
+    def claim(self, stage: str, key: str, run: str, wait_s: float,
+              on_wait: Callable[[ClaimOwner], None] = lambda owner: None) -> Iterator[Claim]:
+        """Hold the claim on ``key`` of ``stage`` for the block (``store_claim``): a run that finds it held waits,
+        at most ``wait_s``, until its holder releases it or dies. ``run`` names this run in the owner record."""
+        path, label = self.claim_path(stage, key), f"{stage}/{key}"
+        if self.is_local:
+            with local_claim(Path(path), label, run, wait_s, on_wait) as held:
+                yield held
+        elif is_s3(self.fs):
+            with s3_claim(self.fs, path, label, run, wait_s, on_wait) as held:
+                yield held
+        else:  # no conditional write on this filesystem: no claim, the commit stays write-once
+            yield Claim(label)
+
+    def claim_artifact(self, ref: ArtifactRef, run: str, wait_s: float,
+                       on_wait: Callable[[ClaimOwner], None] = lambda owner: None) -> AbstractContextManager[Claim]:
+        """The claim on building ``ref``: one run builds it, the others wait and reuse it."""
+        return self.claim(ref.stage, f"{ref.name}-{ref.short}", run, wait_s, on_wait)
 
     # --- writing ----------------------------------------------------------------------------------------
     def ref_for(self, plan: StagePlan) -> ArtifactRef:
