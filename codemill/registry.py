@@ -10,11 +10,18 @@ is a model with one field per registered name.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from importlib import import_module
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import Field, create_model
 
 from codemill.stage_config import StageConfig
+
+
+def plugins(package: str, modules: Sequence[str], attr: str) -> list[Any]:
+    """``attr`` of each plug-in module ``package.<module>``, in order: a registry is its list of module names,
+    so registering a plug-in is one name on one line."""
+    return [getattr(import_module(f"{package}.{m}"), attr) for m in modules]
 
 
 def tagged_union(configs: Sequence[type[StageConfig]], tag: str) -> Any:

@@ -2,10 +2,10 @@
 
 ``ENVIRONMENTS`` maps a kind to its class; each class names its config (``settings``, declared in its
 module), and ``codemill.rl.config.EnvConfig`` is the discriminated union of those configs on ``kind``, so the
-YAML and the Prefect form show the chosen environment's fields only. Adding a kind is its module plus its class
-in the tuple below. An environment's tasks come from the stage its class names in ``task_stage``
-(``problems`` when it names none) and are read by its ``read_tasks(folder, split)``; one that holds resources
-(workspaces) releases them in ``close()``.
+YAML and the Prefect form show the chosen environment's fields only. Adding a kind is its module (which ends in
+``ENVIRONMENT = <its class>``) plus its name in ``KIND_MODULES`` below. An environment's tasks come from the
+stage its class names in ``task_stage`` (``problems`` when it names none) and are read by its
+``read_tasks(folder, split)``; one that holds resources (workspaces) releases them in ``close()``.
 """
 
 from __future__ import annotations
@@ -15,16 +15,16 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from codemill.registry import plugins
 from codemill.rl.env import EnvContext, Environment, Task
-from codemill.rl.envs import code_exec, code_feedback, repo
 
 if TYPE_CHECKING:
     from codemill.models.engines import RolloutEngine
     from codemill.sandbox.judge_pool import JudgePool
 
-ENVIRONMENTS: dict[str, Any] = {env.kind: env for env in (code_exec.CodeExecEnv, code_feedback.CodeFeedbackEnv,
-                                                            repo.RepoEnv)}
-DEFAULT_ENV = code_exec.CodeExecEnv.kind  # single-turn code execution: what rl.env is unless set
+KIND_MODULES = ("code_exec", "code_feedback", "repo")  # each module's ENVIRONMENT is registered
+ENVIRONMENTS: dict[str, Any] = {env.kind: env for env in plugins(__name__, KIND_MODULES, "ENVIRONMENT")}
+DEFAULT_ENV = "code_exec"  # single-turn code execution: what rl.env is unless set
 PROBLEMS_STAGE = "problems"
 PROBLEMS_FILE = "problems.parquet"
 

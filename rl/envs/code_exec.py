@@ -73,3 +73,6 @@ class CodeExecEnv:
              last: Sequence[bool]) -> list[StepResult]:
         infos = verdicts(self.ctx, [problem_of(e) for e in episodes], [a.text for a in actions])
         return [StepResult([], reward_of(self.ctx, i), True, i) for i in infos]
+
+
+ENVIRONMENT = CodeExecEnv

@@ -161,3 +161,6 @@ class CodeFeedbackEnv:
         share = sum(i.passed for i in infos) / len(infos)
         gain, e.state["visible_share"] = share - e.state["visible_share"], share
         return self.config.shaping * gain
+
+
+ENVIRONMENT = CodeFeedbackEnv

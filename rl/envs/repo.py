@@ -260,3 +260,6 @@ class RepoEnv:
         for agent in live:
             agent.close()
         shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+ENVIRONMENT = RepoEnv
