@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from codemill.models.engines import RolloutEngine
     from codemill.sandbox.judge_pool import JudgePool
 
-KIND_MODULES = ("code_exec", "code_feedback", "repo")  # each module's ENVIRONMENT is registered
+KIND_MODULES = ("code_exec", "code_feedback", "repo", "concise")  # each module's ENVIRONMENT is registered
 ENVIRONMENTS: dict[str, Any] = {env.kind: env for env in plugins(__name__, KIND_MODULES, "ENVIRONMENT")}
 DEFAULT_ENV = "code_exec"  # single-turn code execution: what rl.env is unless set
 PROBLEMS_STAGE = "problems"
