@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from codemill.rl.heldout import compare_pass_rates, pass_rate
+from codemill.evals.heldout import compare_pass_rates, pass_rate
 
 
 def _rows(rates: dict[str, list[int]]) -> list[dict]:
