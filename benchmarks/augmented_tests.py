@@ -19,8 +19,8 @@ import time
 from importlib.metadata import version
 
 from codemill.cpus import usable_cpus
-from codemill.evals.humaneval import load_problems
 from codemill.problems.config import AugmentConfig
+from codemill.problems.humaneval import load_problems
 
 
 def commit() -> str:

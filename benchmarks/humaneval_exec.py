@@ -19,7 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from codemill.evals.humaneval import execute, load_problems, pass_at_k_scores, write_samples
+from codemill.evals.humaneval import execute, pass_at_k_scores, write_samples
+from codemill.problems.humaneval import load_problems
 from codemill.sandbox import Limits
 from codemill.sandbox.judge_pool import JudgePool
 

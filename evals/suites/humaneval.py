@@ -14,9 +14,10 @@ import polars as pl
 from pydantic import Field
 
 from codemill.evals import humaneval as he
-from codemill.evals.gate import ItemScores
+from codemill.evals.stats import ItemScores
 from codemill.evals.suites.base import EvalModel, Metric, Need, Rows, Suite, SuiteRun, ci, scores
 from codemill.hashing import sha256_file
+from codemill.problems.humaneval import load_problems, problems_file
 from codemill.problems.plus.artifact import STAGE as AUGMENT_STAGE
 from codemill.problems.plus.artifact import evaluation_config
 from codemill.problems.problem import ExecProblem
@@ -62,7 +63,7 @@ PLUS_INPUT = "plus"  # the plan input that holds the augmented tests
 
 def humaneval_dataset() -> ArtifactRef:
     """HumanEval's problem file, by content: the ``data`` input of the suites that read it."""
-    path = he.problems_file()
+    path = problems_file()
     return ArtifactRef(stage="benchmark", name="humaneval", digest=sha256_file(path), uri=str(path))
 
 
@@ -170,7 +171,7 @@ def plus_problems(plus_dir: Path | None, problems: dict[str, ExecProblem]) -> di
 
 def run(r: SuiteRun) -> Rows:
     cfg = r.cfg
-    problems = he.load_problems()
+    problems = load_problems()
     if cfg.humaneval.max_problems:
         problems = dict(list(problems.items())[: cfg.humaneval.max_problems])
     plus = plus_problems(r.inputs.get(PLUS_INPUT), problems) if cfg.humaneval.plus else None

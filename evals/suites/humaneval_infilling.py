@@ -1,7 +1,7 @@
 """HumanEval infilling pass@1 (greedy), judged in the sandbox: ``evals.infilling`` builds the tasks and the
 fill-in-the-middle prompts; the middle the model writes is put back between the solution's prefix and suffix
 and the whole is judged as the completion of the HumanEval prompt, through the humaneval suite's judge harness
-(``sandbox.rewards.score``). A model whose tokenizer has no FIM sentinels is skipped, with the reason."""
+(``problems.rewards.score``). A model whose tokenizer has no FIM sentinels is skipped, with the reason."""
 
 from __future__ import annotations
 
@@ -14,9 +14,10 @@ from pydantic import Field, model_validator
 
 from codemill.evals import humaneval as he
 from codemill.evals import infilling as inf
-from codemill.evals.gate import ItemScores
+from codemill.evals.stats import ItemScores
 from codemill.evals.suites.base import EvalModel, Metric, Rows, Suite, SuiteRun, ci, scores
-from codemill.evals.suites.humaneval import suite_pool
+from codemill.evals.suites.humaneval import humaneval_dataset, suite_pool
+from codemill.problems.humaneval import load_problems
 from codemill.sandbox.judge_pool import JudgePool
 from codemill.stage_config import StageConfig, runtime_only
 
@@ -105,7 +106,7 @@ def infill(m: EvalModel, tasks: list[inf.InfillTask], cfg: EvalConfig) -> list[s
 def score_middles(tasks: list[inf.InfillTask], middles: list[str], cfg: EvalConfig, pool: JudgePool) -> Rows:
     """Judge each task's program (solution prefix + middle + solution suffix after the prompt) and aggregate:
     pass@1 and exact match overall and per type, CIs resampling problems (a problem's tasks share a cluster)."""
-    problems = he.load_problems()
+    problems = load_problems()
     results = he.execute(problems, [{"task_id": t.problem_id, "completion": t.completion(mid)}
                                     for t, mid in zip(tasks, middles, strict=True)], pool)
     rows = pl.DataFrame({"item_id": [t.task_id for t in tasks], "cluster": [t.problem_id for t in tasks],
@@ -145,7 +146,7 @@ def run(r: SuiteRun) -> Rows:
     reason = skip_reason(r.model)
     if reason:
         return skipped(reason)
-    tasks = inf.make_tasks(he.load_problems().values(), h.types, h.max_tasks_per_type)
+    tasks = inf.make_tasks(load_problems().values(), h.types, h.max_tasks_per_type)
     with infilling_pool(cfg) as pool:  # probes first: fail closed before generating anything
         middles = infill(r.model, tasks, cfg)
         return score_middles(tasks, middles, cfg, pool)
@@ -158,6 +159,6 @@ def item_scores(rows: pl.DataFrame) -> dict[str, ItemScores]:
     return {PASS_AT_1.name: scores(rows, PASS_AT_1, "passed"), EXACT.name: scores(rows, EXACT, "exact_match")}
 
 
-SUITE = Suite(NAME, inf.INFILLING_CODE_VERSION, "humaneval", run, item_scores, (PASS_AT_1, EXACT),
+SUITE = Suite(NAME, inf.INFILLING_CODE_VERSION, run, item_scores, (PASS_AT_1, EXACT),
               logged=(f"{NAME}_",), uses_sandbox=lambda cfg: not cfg.humaneval_infilling.unsafe_no_sandbox,
-              generates=True, settings=HumanEvalInfillingSuiteConfig)
+              generates=True, settings=HumanEvalInfillingSuiteConfig, dataset=humaneval_dataset)

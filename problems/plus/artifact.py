@@ -69,7 +69,7 @@ def evaluation_config(augment: AugmentConfig, max_problems: int | None) -> Augme
 def plan_augment(cfg: AugmentConfig, problems_file: str | None = None) -> StagePlan:
     """Inputs: the HumanEval problem file (its content digest); config: the whole ``AugmentConfig`` less the
     runtime-only knobs."""
-    from codemill.evals.humaneval import problems_file as humaneval_file
+    from codemill.problems.humaneval import problems_file as humaneval_file
 
     return StagePlan(stage=STAGE, name=NAME, code_version=PLUS_CODE_VERSION, config=cfg.digest_config(),
                      inputs={"humaneval": file_input("humaneval", problems_file or humaneval_file())})
@@ -78,7 +78,7 @@ def plan_augment(cfg: AugmentConfig, problems_file: str | None = None) -> StageP
 def build_augmented(w: ArtifactWriter, cfg: AugmentConfig, say: Callable[[str], None]) -> Manifest:
     """Augment the first ``cfg.max_problems`` problems of the plan's HumanEval file in the sandbox and finish
     ``w`` with them (the stats record the judge's isolation)."""
-    from codemill.evals.humaneval import load_problems
+    from codemill.problems.humaneval import load_problems
     from codemill.problems.plus.augment import augmenter
 
     problems = list(load_problems(w.plan.input("humaneval").uri).values())[:cfg.max_problems]

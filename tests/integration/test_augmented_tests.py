@@ -18,11 +18,12 @@ from prefect import flow
 from prefect.runtime import flow_run
 
 from codemill.config import PipelineConfig
-from codemill.evals.humaneval import execute, load_problems, problems_file
+from codemill.evals.humaneval import execute
 from codemill.flows.common import open_flow_run, run_stage_task
 from codemill.lineage import tags as T
 from codemill.plan import manifest_digest
 from codemill.problems.config import AugmentConfig, ProblemsConfig, ProblemSourceConfig
+from codemill.problems.humaneval import load_problems, problems_file
 from codemill.problems.plus.artifact import COUNTS_FILE, plan_augment, read_augmented, read_counts
 from codemill.problems.plus.ship import preset_augment
 from codemill.problems.plus.shipped import SHIPPED_FROM, find_shipped, read_shipped_manifest
@@ -141,7 +142,7 @@ def test_canonical_passes_and_a_wrong_solution_fails_only_the_augmented_tests(bu
         assert execute(original, wrong, pool)[0].passed
         on_plus = execute(augmented, wrong, pool)[0]
         assert not on_plus.passed and on_plus.outcome == "failed"
-        scored = pool.judge_all([(augmented["HumanEval/34"], WRONG_UNIQUE)])[0]
+        scored = pool.judge_all([augmented["HumanEval/34"].request(WRONG_UNIQUE)])[0]
         assert 0.0 < scored.partial < 1.0  # the original check passes, a new case does not
 
 
@@ -171,5 +172,5 @@ def test_the_problems_stage_option_augments_verified_problems(tmp_path):
     wrong = "    return list(set(l))\n"  # small ints iterate in order: the original test passes it
     original = ExecProblem("file/0", rec["prompt"], "unique", rec["test"])
     with JudgePool(Limits(), workers=1) as pool:
-        assert pool.judge_all([(original, wrong)])[0].passed
-        assert not pool.judge_all([(p, wrong)])[0].passed
+        assert pool.judge_all([original.request(wrong)])[0].passed
+        assert not pool.judge_all([p.request(wrong)])[0].passed

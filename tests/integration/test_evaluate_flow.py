@@ -8,7 +8,8 @@ import polars as pl
 import pytest
 from mlflow import MlflowClient
 
-from codemill.evals.humaneval import load_problems, write_samples
+from codemill.evals.humaneval import write_samples
+from codemill.problems.humaneval import load_problems
 from codemill.sandbox import SandboxUnavailable, binary
 from codemill.store import ArtifactRef, ArtifactStore
 from tests.integration.helpers import small_pipeline_config

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from codemill.evals import humaneval as he
 from codemill.evals import infilling as inf
 from codemill.evals import suites
 from codemill.evals.config import EvalConfig
 from codemill.evals.suites import humaneval_infilling as hi
 from codemill.evals.suites.base import SuiteRun, load_eval_model
+from codemill.problems.humaneval import load_problems
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 CFG = EvalConfig(humaneval_infilling={"max_tasks_per_type": 3, "max_new_tokens": 6, "context_len": 512,
@@ -26,14 +26,14 @@ def pool():
 
 
 def test_canonical_middles_pass_and_wrong_middles_fail(pool):
-    tasks = inf.make_tasks(he.load_problems().values(), max_per_type=4)
+    tasks = inf.make_tasks(load_problems().values(), max_per_type=4)
     rows, summary = hi.score_middles(tasks, [t.middle for t in tasks], CFG, pool)
     assert summary["humaneval_infilling_pass_at_1"] == 1.0, rows.filter(rows["outcome"] != "passed")
     assert summary["humaneval_infilling_exact_match"] == 1.0
     assert {summary[hi.type_metric(k)] for k in inf.TASK_TYPES} == {1.0}
     assert summary["tasks"] == {"single_line": 4, "multi_line": 4, "random_span": 4}
 
-    by_id = {t.task_id: t for t in inf.make_tasks([he.load_problems()["HumanEval/0"]], ("single_line",))}
+    by_id = {t.task_id: t for t in inf.make_tasks([load_problems()["HumanEval/0"]], ("single_line",))}
     last = by_id["SingleLineInfilling/HumanEval/0/L7"]  # "    return False\n"
     wrong = [(last, "    return True\n"), (last, "return False\n"), (tasks[0], "")]
     rows, summary = hi.score_middles([t for t, _ in wrong], [m for _, m in wrong], CFG, pool)
@@ -66,7 +66,7 @@ def test_the_suite_on_a_tiny_model_end_to_end(fim_model: Path, tmp_path: Path):
     run = SuiteRun(cfg=CFG, hf_dir=policy, path=lambda n: tmp_path / n, loader=load_eval_model)
     rows, summary = suites.get("humaneval_infilling").run(run)
     assert rows.height == 9 and sorted(set(rows["type"])) == ["multi_line", "random_span", "single_line"]
-    assert rows["item_id"].to_list() == [t.task_id for t in inf.make_tasks(he.load_problems().values(),
+    assert rows["item_id"].to_list() == [t.task_id for t in inf.make_tasks(load_problems().values(),
                                                                             max_per_type=3)]
     assert set(rows["outcome"]) <= {"passed", "failed", "timed out"} and "skipped" not in summary
     assert summary["sandbox"]["isolation"] == "bwrap"
@@ -84,7 +84,7 @@ def test_the_suite_on_a_tiny_model_end_to_end(fim_model: Path, tmp_path: Path):
 
     stops = {m.tokenizer.eos_token_id, ids.prefix, ids.middle, ids.suffix}
     h = CFG.humaneval_infilling
-    for t, pred in zip(inf.make_tasks(he.load_problems().values(), max_per_type=3), rows["prediction"],
+    for t, pred in zip(inf.make_tasks(load_problems().values(), max_per_type=3), rows["prediction"],
                        strict=True):
         seq = inf.fim_prompt(lambda s: m.tokenizer(s, add_special_tokens=False)["input_ids"], ids, t.prefix,
                              t.suffix, "psm", h.context_len - h.max_new_tokens)

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from codemill.evals.humaneval import execute, load_problems, pass_at_k_scores, read_samples, write_samples
+from codemill.evals.humaneval import execute, pass_at_k_scores, read_samples, write_samples
+from codemill.problems.humaneval import load_problems
 from codemill.problems.problem import ExecProblem
 from codemill.sandbox import Limits
 from codemill.sandbox.judge_pool import JudgePool

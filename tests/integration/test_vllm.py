@@ -179,9 +179,9 @@ def test_humaneval_samples_with_vllm_what_the_hf_engine_samples(setup, tmp_path,
     suite's greedy completions are the HF engine's, token for token, and the eval artifact's config names the
     engine (its digest is not the HF evaluation's)."""
     from codemill.evals.config import EvalConfig
-    from codemill.evals.humaneval import load_problems
     from codemill.evals.suites.base import load_eval_model
     from codemill.evals.suites.humaneval import humaneval_samples
+    from codemill.problems.humaneval import load_problems
 
     humaneval = {"max_problems": 12, "max_new_tokens": 24, "plus": False, "workers": 1}
     data = {"name": "vllm-eval", "store_root": str(tmp_path / "store"), "work_dir": str(tmp_path / "work"),

@@ -14,9 +14,9 @@ from codemill.data.tokenizer import EOS_TOKEN, FIM_TOKENS, PAD_TOKEN, train_bpe
 from codemill.evals import infilling as inf
 from codemill.evals import suites
 from codemill.evals.config import EvalConfig
-from codemill.evals.humaneval import load_problems
 from codemill.evals.suites import humaneval_infilling as hi
 from codemill.evals.suites.base import EvalModel, SuiteRun
+from codemill.problems.humaneval import load_problems
 from codemill.problems.problem import ExecProblem
 from codemill.report import skipped_suites, summary_lines
 from codemill.tasks.evaluate import metrics_of

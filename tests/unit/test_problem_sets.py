@@ -128,9 +128,9 @@ def test_the_synthetic_family_is_deterministic_and_well_formed():
 
 def test_synthetic_references_pass_and_wrong_answers_fail_in_the_sandbox(pool):
     problems = synthetic_problems(0, 26)
-    right = pool.judge_all([(p, p.reference_solution or "") for p in problems])
+    right = pool.judge_all([p.request(p.reference_solution or "") for p in problems])
     assert [j.kind for j in right] == ["passed"] * len(problems)
-    wrong = pool.judge_all([(p, "    return None\n") for p in problems])
+    wrong = pool.judge_all([p.request("    return None\n") for p in problems])
     assert not any(j.passed for j in wrong)
 
 
@@ -151,9 +151,9 @@ def test_the_steps_family_is_distinct_compositions_split_by_sequence():
 
 def test_steps_references_pass_and_a_wrong_step_fails_in_the_sandbox(pool):
     problems = steps_problems(0, 26)
-    right = pool.judge_all([(p, p.reference_solution or "") for p in problems])
+    right = pool.judge_all([p.request(p.reference_solution or "") for p in problems])
     assert [j.kind for j in right] == ["passed"] * len(problems)
-    dropped_step = [(p, "".join((p.reference_solution or "").splitlines(keepends=True)[1:])) for p in problems]
+    dropped_step = [p.request("".join((p.reference_solution or "").splitlines(keepends=True)[1:])) for p in problems]
     assert sum(j.passed for j in pool.judge_all(dropped_step)) <= 2  # a step that is not the identity matters
 
 
@@ -202,7 +202,7 @@ def test_exact_dedup_ignores_trailing_whitespace_and_blank_lines_and_refuses_a_t
 
 
 def test_problems_overlapping_humaneval_are_dropped():
-    from codemill.evals.humaneval import load_problems
+    from codemill.problems.humaneval import load_problems
 
     he = load_problems()["HumanEval/0"]
     copied_prompt = _p("he-prompt", prompt=he.prompt, entry_point=he.entry_point)
