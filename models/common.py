@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from codemill.models import lifeline
+from codemill.models import lifeline, rank_errors
 
 STACK_DUMP_ENV = "CODEMILL_STACK_DUMP_AFTER_S"
 
@@ -61,12 +61,13 @@ def run_rank(work: Callable[[], object]) -> int:
     exit the same wait aborts, SIGABRT). ``work`` ends with a barrier after every output is written and closed,
     so the rank flushes its streams and leaves with ``os._exit``; a failure prints its traceback and leaves
     with 1 (destroying the group while other ranks may sit in a collective can deadlock too), and torchrun
-    stops the others."""
+    stops the others. The failure is recorded first (``rank_errors``): the launcher names the job's first cause."""
     import torch.distributed as dist
 
     try:
         work()
-    except BaseException:
+    except BaseException as exc:
+        rank_errors.record(exc)  # before this rank exits, which is what the others die of
         if not dist.is_initialized():
             raise
         traceback.print_exc()

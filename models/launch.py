@@ -6,25 +6,29 @@ from __future__ import annotations
 import collections
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from codemill.cpus import usable_cpus
-from codemill.models import lifeline
+from codemill.models import lifeline, rank_errors
 
 
 class TrainingFailed(RuntimeError):
-    """torchrun failed or timed out; the message carries its last output, ``last_error`` its last line (the
-    error a rank printed last), which is what a one-line report shows."""
+    """torchrun failed or timed out; the message carries its last output, ``last_error`` the one line a report
+    shows: the first cause (``first_cause``, the earliest error a rank recorded, see ``rank_errors``) when there is
+    one, else the last exception line of the output."""
 
-    def __init__(self, message: str, tail: Sequence[str] = ()) -> None:
+    def __init__(self, message: str, tail: Sequence[str] = (), first_cause: str | None = None) -> None:
         super().__init__(message)
         head = (message.splitlines()[0] if message else "torchrun failed").removesuffix(" Last output:")
-        error = last_exception_line(tail)
+        error = first_cause or last_exception_line(tail)
         self.last_error = f"{head.rstrip('.;')}: {error}" if error else head
 
 
@@ -67,13 +71,16 @@ class LaunchedJob:
 
     def __init__(self, cmd: list[str], env: dict[str, str], on_line: Callable[[str], None],
                  tail_lines: int = 60) -> None:
+        self.errors = Path(tempfile.mkdtemp(prefix="codemill-rank-errors-"))  # each rank's error (rank_errors)
         line_r, self._lifeline = os.pipe()  # both ends close-on-exec here; Popen makes the read end the child's fd 0
         try:
-            self.proc = subprocess.Popen(cmd, env={**env, **lifeline.launcher_env()}, stdin=line_r,
+            self.proc = subprocess.Popen(cmd, env={**env, **lifeline.launcher_env(), rank_errors.ENV: str(self.errors)},
+                                         stdin=line_r,
                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
                                          start_new_session=True)
         except BaseException:
             os.close(self._lifeline)
+            shutil.rmtree(self.errors, ignore_errors=True)
             raise
         finally:
             os.close(line_r)
@@ -118,10 +125,17 @@ class LaunchedJob:
         finally:
             self.close_lifeline()
 
+    def failure(self, head: str) -> TrainingFailed:
+        """The error of a job that died: ``head``, its last output and the first cause its ranks recorded (read
+        before ``close_lifeline``, which removes the records)."""
+        return TrainingFailed(f"{head}. Last output:\n" + "\n".join(self.tail), self.tail,
+                              rank_errors.first_cause(self.errors))
+
     def close_lifeline(self) -> None:
         if self._lifeline >= 0:
             os.close(self._lifeline)  # any rank still alive dies at the lifeline's end
             self._lifeline = -1
+        shutil.rmtree(self.errors, ignore_errors=True)  # the job is over: no rank records an error any more
 
 
 def run_streaming(cmd: list[str], env: dict[str, str], timeout_s: float,
@@ -139,10 +153,11 @@ def run_streaming(cmd: list[str], env: dict[str, str], timeout_s: float,
     except BaseException:
         job.stop()
         raise
+    try:
+        if rc != 0:
+            raise job.failure(f"torchrun exited with code {rc}")
     finally:
         job.close_lifeline()  # the job is over either way
-    if rc != 0:
-        raise TrainingFailed(f"torchrun exited with code {rc}. Last output:\n" + "\n".join(job.tail), job.tail)
 
 
 def kill_group(proc: subprocess.Popen, sig: signal.Signals = signal.SIGTERM, grace_s: float = 10) -> None:

@@ -151,9 +151,9 @@ class UpdateWorkers:
         finally:
             self._on_line = lambda line: None
         if rc is not None:
+            failed = self.job.failure(f"the update workers exited with code {rc}")
             self.job.close_lifeline()
-            raise TrainingFailed(f"the update workers exited with code {rc}. Last output:\n"
-                                 + "\n".join(self.job.tail), self.job.tail)
+            raise failed
 
     def close(self, grace_s: float = 30) -> None:
         """Ask the group to stop after its current update; kill it if it has not within ``grace_s``."""
