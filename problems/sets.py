@@ -40,8 +40,10 @@ from codemill.data.config import DecontaminationConfig, SourceConfig
 from codemill.data.corpus import assign_split, read_split
 from codemill.problems.config import ProblemsConfig, ProblemSourceConfig
 from codemill.problems.mining import MINING_CODE_VERSION
+from codemill.problems.plus.counts import write_counts
 from codemill.problems.problem import ExecProblem
 from codemill.problems.synthetic import SYNTHETIC_CODE_VERSION, synthetic_problems
+from codemill.sandbox.request import JudgeRequest
 
 PROBLEMS_CODE_VERSION = f"problems-v2+{SYNTHETIC_CODE_VERSION}+{MINING_CODE_VERSION}"
 PROBLEMS_FILE = "problems.parquet"
@@ -261,7 +263,7 @@ class Rejected:
     detail: str = ""
 
 
-Judge = Callable[[list[tuple[ExecProblem, str]]], list[Any]]  # JudgePool.judge_all
+Judge = Callable[[list[JudgeRequest]], list[Any]]  # JudgePool.judge_all
 
 
 def verify(problems: list[ExecProblem], judge: Judge | None, retries: int = 2,
@@ -278,14 +280,14 @@ def verify(problems: list[ExecProblem], judge: Judge | None, retries: int = 2,
     if with_ref:
         if judge is None:
             raise ValueError("problems with references need a judge (the sandbox)")
-        verdicts = list(judge([(p, p.reference_solution or "") for p in with_ref]))
+        verdicts = list(judge([p.request(p.reference_solution or "") for p in with_ref]))
         for _ in range(retries):
             again = [i for i, j in enumerate(verdicts) if not j.passed and getattr(j, "suspicious", None)]
             if not again:
                 break
             if counts is not None:
                 counts["rejudged"] = counts.get("rejudged", 0) + len(again)
-            for i, j in zip(again, judge([(with_ref[i], with_ref[i].reference_solution or "") for i in again]),
+            for i, j in zip(again, judge([with_ref[i].request(with_ref[i].reference_solution or "") for i in again]),
                             strict=True):
                 verdicts[i] = j
     by_problem = dict(zip(map(id, with_ref), verdicts, strict=True))
@@ -409,8 +411,6 @@ def build_problem_set(cfg: ProblemsConfig, out_dir: Path, judge: Judge | None,
     stats = _stats(labels, cfg, read, source_counts, live, splits, rejected)
     stats["verify"] = verify_counts
     if augmented is not None:
-        from codemill.problems.plus.artifact import write_counts
-
         stats["augment"] = write_counts(out_dir, augmented, AUGMENT_COUNTS_FILE)
     return stats
 

@@ -24,7 +24,8 @@ from codemill.lineage import tags as T
 from codemill.plan import manifest_digest
 from codemill.problems.config import AugmentConfig, ProblemsConfig, ProblemSourceConfig
 from codemill.problems.humaneval import load_problems, problems_file
-from codemill.problems.plus.artifact import COUNTS_FILE, plan_augment, read_augmented, read_counts
+from codemill.problems.plus.artifact import plan_augment, read_augmented
+from codemill.problems.plus.counts import COUNTS_FILE, read_counts
 from codemill.problems.plus.ship import preset_augment
 from codemill.problems.plus.shipped import SHIPPED_FROM, find_shipped, read_shipped_manifest
 from codemill.problems.problem import ExecProblem
