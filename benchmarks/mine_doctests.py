@@ -64,7 +64,7 @@ def verify(problems: list[ExecProblem], workers: int) -> tuple[list[bool], colle
 
     t0 = time.perf_counter()
     with JudgePool(Limits(wall_s=5, cpu_s=5), workers=workers) as pool:
-        judged = pool.judge_all([(p, p.reference_solution or "") for p in problems])
+        judged = pool.judge_all([p.request(p.reference_solution or "") for p in problems])
     reasons: collections.Counter = collections.Counter()
     for j in judged:
         if not j.passed:

@@ -163,7 +163,7 @@ def main() -> None:
 
             by_id = {p.problem_id: p for p in problems}
             t0 = time.perf_counter()
-            pool.judge_all([(by_id[r["problem_id"]], r["completion"]) for r in rows])
+            pool.judge_all([by_id[r["problem_id"]].request(r["completion"]) for r in rows])
             record("bare JudgePool.judge_all", time.perf_counter() - t0, 0)
     gap = max(abs(a - b) for r in rows for a, b in zip(
         teacher_forced_logprobs(hf.model, r["prompt_ids"], r["completion_ids"], args.temperature), r["logprobs"],

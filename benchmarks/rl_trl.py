@@ -4,7 +4,7 @@ Work per iteration, the same on both sides: the same tiny policy (``benchmarks.r
 tiny preset's shape, untrained), the same ``--problems`` synthetic problems x ``--k`` samples at temperature 1,
 ``--max-new-tokens`` new tokens with no stop strings (TRL's transformers path cannot stop on strings, so neither
 side does; the untrained policy rarely ends a sample early, so both generate nearly every token), one sandboxed
-binary reward per sample from codemill's own ``sandbox.rewards.score`` (each completion cut at HumanEval's stop
+binary reward per sample from codemill's own ``problems.rewards.score`` (each completion cut at HumanEval's stop
 sequences first), and an update over every sample (no dynamic sampling, no overlong masking) in steps of 16
 samples with the same clipped loss (token mean, clip 0.2 / 0.28, no KL), AdamW at a constant ``--lr`` kept
 across iterations.
@@ -43,6 +43,7 @@ from codemill.cpus import usable_cpus
 from codemill.evals.humaneval import STOP_SEQUENCES
 from codemill.models.engines import truncate_at_stop
 from codemill.models.launch import threads_per_rank
+from codemill.problems.rewards import score
 from codemill.problems.synthetic import synthetic_problems
 from codemill.rl.collect import collect_iteration
 from codemill.rl.config import GRPOConfig, RLConfig, RolloutConfig
@@ -51,7 +52,6 @@ from codemill.rl.update import RLUpdateSpec
 from codemill.rl.update_workers import UpdateWorkers
 from codemill.sandbox import Limits
 from codemill.sandbox.judge_pool import JudgePool
-from codemill.sandbox.rewards import score
 
 STEP_SAMPLES = 16  # samples per optimizer step, both sides
 

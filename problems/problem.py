@@ -1,4 +1,5 @@
-"""The one representation of an executable problem that the sandbox, the rewards and the suites share.
+"""The one representation of an executable problem that the rewards, the suites and RL share; ``request`` makes
+one completion of it the sandbox's ``JudgeRequest``.
 
 Problem sets (HumanEval-format files, doctests mined from the corpus, the synthetic family) all become
 ``ExecProblem`` records. ``tests`` is a HumanEval-style program defining ``check(candidate)``: all-pass means
@@ -12,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from codemill.sandbox.request import JudgeRequest
+
 
 @dataclass(frozen=True)
 class ExecProblem:
@@ -23,6 +26,12 @@ class ExecProblem:
     reference_solution: str | None = None
     source: str = ""
     split_unit: str = ""
+
+    def request(self, completion: str) -> JudgeRequest:
+        """This problem completed by ``completion``, as the judge pool takes it: the candidate runs the prompt and
+        the completion; the judge runs the prompt (trusted, for its helpers), the tests and each test case."""
+        return JudgeRequest(program=self.prompt + completion, entry_point=self.entry_point, tests=self.tests,
+                            test_cases=tuple(self.test_cases), prelude=self.prompt)
 
     def __hash__(self) -> int:  # the generated hash would fail on the list field
         return hash((self.problem_id, self.prompt, self.entry_point, self.tests, tuple(self.test_cases),

@@ -1,4 +1,5 @@
-"""Rewards as a library call: per-sample verdicts from the judge pool, for RL and for the eval suites alike.
+"""Rewards as a library call: per-sample verdicts on problems from the judge pool, for RL and for the eval
+suites alike.
 
 ``score(problems, samples, pool)`` runs every (problem id, completion) through the sandboxed judge and
 returns a binary all-pass reward, partial credit (the fraction of a problem's separate test cases that
@@ -51,7 +52,7 @@ def score(problems: Mapping[str, ExecProblem], samples: Sequence[tuple[str, str]
     unknown = sorted({pid for pid, _ in samples} - set(problems))
     if unknown:
         raise ValueError(f"samples name unknown problem ids: {unknown[:5]}")
-    judged = pool.judge_all([(problems[pid], completion) for pid, completion in samples], on_done)
+    judged = pool.judge_all([problems[pid].request(completion) for pid, completion in samples], on_done)
     counter: dict[str, int] = defaultdict(int)
     rewards: list[Reward] = []
     suspicious: Counter[str] = Counter()

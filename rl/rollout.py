@@ -28,10 +28,10 @@ from typing import Any, TypeVar
 from codemill import metrics
 from codemill.models.engines import RolloutEngine, RolloutParams, derive_seed
 from codemill.problems.problem import ExecProblem
+from codemill.problems.rewards import Reward, score
 from codemill.rl.env import Environment, Episode, StepResult, Task
 from codemill.rl.trajectory import trajectory_row
 from codemill.sandbox.judge_pool import JudgePool
-from codemill.sandbox.rewards import Reward, score
 
 RETRY_KINDS = ("no_verdict", "judge_error")  # the host got no verdict from the judge: judge again
 

@@ -19,7 +19,6 @@ with nothing else of the pool running, and that verdict counts (``Judged.retried
 
 from __future__ import annotations
 
-import queue
 import signal
 import socket
 import time
@@ -28,19 +27,17 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from codemill import metrics
-from codemill.cpus import usable_cpus
-from codemill.problems.problem import ExecProblem
 from codemill.sandbox.clock import STARVED, TIMED_OUT, LoadClock, wait_readable
 from codemill.sandbox.limits import Limits
 from codemill.sandbox.procstat import Usage
-from codemill.sandbox.runner import BACKSTOP_ERROR, Outcome, Sandbox, SandboxUnavailable
-from codemill.sandbox.servers import Server, ServerDied
-from codemill.sandbox.slots import map_on_slots
-from codemill.sandbox.uids import LEASES, NoFreeUid
+from codemill.sandbox.request import JudgeRequest
+from codemill.sandbox.runner import BACKSTOP_ERROR, Outcome
+from codemill.sandbox.servers import ServerDied
+from codemill.sandbox.slot_pool import Slot, SlotPool
 from codemill.sandbox.wire import BadData, ChannelClosed, ChannelTimeout, recv_frame
 
 VERDICT_GRACE_S = 0.5
-START_ATTEMPTS = 3
+ROLES = ("candidate", "judge")
 
 
 @dataclass(frozen=True)
@@ -74,136 +71,55 @@ class Judged:
         return None
 
 
-class _Slot:
-    """One worker's pair of servers. Each role has a uid of its own, leased for the slot's life, so no other
-    slot, pool or process on the machine runs sandboxed code as it (shared process limits, shared keyrings)."""
-
-    def __init__(self, sandbox: Sandbox) -> None:
-        self.sandbox = sandbox
-        self.servers: dict[str, Server | None] = {"candidate": None, "judge": None}
-        self.uids = {role: LEASES.take() for role in self.servers}
-        self.restarts = 0
-
-    def server(self, role: str) -> Server:
-        current = self.servers[role]
-        if current is None or not current.alive():
-            if current is not None:
-                current.stop()
-                self._restarted()
-            current = self._start(role)
-            self.servers[role] = current
-        return current
-
-    def drop(self, role: str) -> None:
-        current = self.servers[role]
-        if current is not None:
-            current.stop()
-            self.servers[role] = None
-            self._restarted()
-
-    def _restarted(self) -> None:
-        self.restarts += 1
-        metrics.get().sandbox_server_restarts.inc()
-
-    def _start(self, role: str) -> Server:
-        """A fresh server; a start that fails is tried again (a loaded machine, a uid still draining its last
-        processes) before the sandbox counts as unavailable, which fails the batch closed."""
-        for attempt in range(START_ATTEMPTS):
-            try:
-                return Server.start(self.sandbox, role, self.uids[role])
-            except SandboxUnavailable:
-                metrics.get().sandbox_probe_failures.inc()
-                if attempt == START_ATTEMPTS - 1:
-                    raise
-                time.sleep(0.2 * (attempt + 1))
-        raise AssertionError("unreachable")
-
-    def close(self) -> None:
-        for role in self.servers:
-            current = self.servers[role]
-            if current is not None:
-                current.stop()
-                self.servers[role] = None
-        for uid in self.uids.values():
-            LEASES.give_back(uid)
-        self.uids = {}
-
-
 class JudgePool:
-    """``with JudgePool(limits) as pool: pool.judge_all([(problem, completion), ...])``. Fails closed: the
-    sandbox is probed (no network, the servers up under their own uids) before any sample runs."""
+    """``with JudgePool(limits) as pool: pool.judge_all([JudgeRequest(...), ...])``. Fails closed: the sandbox is
+    probed (no network, the servers up under their own uids) before any sample runs (``slot_pool``)."""
 
     def __init__(self, limits: Limits | None = None, workers: int | None = None, unsafe: bool = False) -> None:
-        self.limits = limits or Limits()
-        self.workers = workers or usable_cpus()
-        self.sandbox = Sandbox(self.limits, unsafe=unsafe)
-        self.isolation: dict[str, str] = {}  # what the probe found isolates the verdicts (``Sandbox.describe``)
-        self._slots: queue.Queue[_Slot] = queue.Queue()
-        self._all: list[_Slot] = []
-        self._open = 0  # slots counted in codemill_sandbox_slots
+        self.slots = SlotPool(ROLES, limits, workers, unsafe)
+        self.limits, self.sandbox = self.slots.limits, self.slots.sandbox
 
     def __enter__(self) -> JudgePool:
-        try:
-            self.isolation = self.sandbox.probe()
-        except SandboxUnavailable:
-            metrics.get().sandbox_probe_failures.inc()
-            raise
-        try:
-            for _ in range(self.workers):
-                slot = _Slot(self.sandbox)
-                self._all.append(slot)
-                self._slots.put(slot)
-                self._open += 1
-                metrics.get().sandbox_slots.inc()
-            for role in ("candidate", "judge"):
-                self._all[0].server(role)
-        except (SandboxUnavailable, NoFreeUid):
-            self.close()
-            raise
+        self.slots.open()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
     def close(self) -> None:
-        for slot in self._all:
-            slot.close()
-        metrics.get().sandbox_slots.dec(self._open)
-        self._open = 0
+        self.slots.close()
+
+    @property
+    def isolation(self) -> dict[str, str]:
+        """What the probe found isolates the verdicts (``Sandbox.describe``)."""
+        return self.slots.isolation
 
     @property
     def restarts(self) -> int:
-        return sum(s.restarts for s in self._all)
+        return self.slots.restarts
 
-    def judge_all(self, items: Sequence[tuple[ExecProblem, str]],
+    def judge_all(self, requests: Sequence[JudgeRequest],
                   on_done: Callable[[int, int], None] | None = None) -> list[Judged]:
         """Verdicts in input order; one thread per slot (threads only wait on sockets). Samples the load held
         back to the backstop are judged again afterwards, one at a time, and that second verdict counts."""
         m = metrics.get()
 
-        def one(slot: _Slot, item: tuple[ExecProblem, str]) -> Judged:
-            m.sandbox_slots_busy.inc()
-            try:
-                judged = self._judge(slot, *item)
-                if judged.kind != STARVED:
-                    count_verdict(m, judged)
-                return judged
-            finally:
-                m.sandbox_slots_busy.dec()
+        def one(slot: Slot, request: JudgeRequest) -> Judged:
+            judged = self._judge(slot, request)
+            if judged.kind != STARVED:
+                count_verdict(m, judged)
+            return judged
 
-        judged = map_on_slots(self._slots, self.workers, one, items, on_done)
+        judged = self.slots.map(one, requests, on_done)
         starved = [i for i, j in enumerate(judged) if j.kind == STARVED]
         if starved:
-            slot = self._slots.get()
-            try:
+            with self.slots.borrow() as slot:
                 for i in starved:
-                    judged[i] = replace(self._judge(slot, *items[i]), retried=True)
+                    judged[i] = replace(self._judge(slot, requests[i]), retried=True)
                     count_verdict(m, judged[i])
-            finally:
-                self._slots.put(slot)
         return judged
 
-    def _judge(self, slot: _Slot, problem: ExecProblem, completion: str) -> Judged:
+    def _judge(self, slot: Slot, request: JudgeRequest) -> Judged:
         limits = self.limits.per_sample()
         candidate, judge = slot.server("candidate"), slot.server("judge")
         meters = [candidate.meter, judge.meter]
@@ -226,11 +142,11 @@ class JudgePool:
         sent: list[str] = []
         try:
             try:
-                candidate.send_sample({"source": problem.prompt + completion, "entry": problem.entry_point,
+                candidate.send_sample({"source": request.program, "entry": request.entry_point,
                                        "limits": limits}, [to_candidate.fileno()])
                 sent.append("candidate")
-                judge.send_sample({"prompt": problem.prompt, "tests": problem.tests,
-                                   "test_cases": list(problem.test_cases), "entry": problem.entry_point,
+                judge.send_sample({"prompt": request.prelude, "tests": request.tests,
+                                   "test_cases": list(request.test_cases), "entry": request.entry_point,
                                    "limits": limits}, [to_judge.fileno(), verdict_judge.fileno()])
                 sent.append("judge")
             finally:
@@ -258,7 +174,7 @@ class JudgePool:
         judged = _label(verdict, host_kind, cand_info, round(duration, 4), self.limits.cpu_s)
         return replace(judged, waited_s=round(clock.credit_s, 4))
 
-    def _end(self, slot: _Slot, role: str) -> dict[str, Any]:
+    def _end(self, slot: Slot, role: str) -> dict[str, Any]:
         server = slot.servers[role]
         if server is None:
             return {}

@@ -136,8 +136,8 @@ def build(registry: CollectorRegistry) -> Metrics:
         rl_pass_rate=gauge("codemill_rl_pass_rate", "Pass rate of the last rollouts, by split.", ("split",)),
         rl_zero_variance_groups=gauge("codemill_rl_zero_variance_groups", "Groups of the last rollouts whose "
                                       "samples all got the same reward (no GRPO signal).", ("split",)),
-        sandbox_slots_busy=gauge("codemill_sandbox_slots_busy", "Judge-pool slots judging a sample now."),
-        sandbox_slots=gauge("codemill_sandbox_slots", "Judge-pool slots open."),
+        sandbox_slots_busy=gauge("codemill_sandbox_slots_busy", "Sandbox slots (judge pools, batch runners) busy now."),
+        sandbox_slots=gauge("codemill_sandbox_slots", "Sandbox slots (judge pools, batch runners) open."),
         sandbox_verdict_seconds=histogram("codemill_sandbox_verdict_seconds", "Time from sending a sample to "
                                           "its verdict.", (), VERDICT_BUCKETS),
         sandbox_verdicts=counter("codemill_sandbox_verdicts_total", "Verdicts by outcome (passed, failed, "

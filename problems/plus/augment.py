@@ -34,11 +34,12 @@ from codemill.problems.plus.mutate import Mutator, Pool
 from codemill.problems.plus.reduce import greedy_cover
 from codemill.problems.plus.runner import Batch, BatchRunner, Call
 from codemill.problems.problem import ExecProblem
+from codemill.sandbox.request import JudgeRequest
 
 PLUS_CODE_VERSION = "plus-v2"  # v2: a crashed call gets a fresh child once
 ORIGINAL_CHECK = "_plus_original_check"
 REFERENCE_TIMEOUTS = 3  # a round's candidates after this many slow ones are rejected unrun (a blow-up family)
-Judge = Callable[[list[tuple[ExecProblem, str]]], list[Any]]  # JudgePool.judge_all
+Judge = Callable[[list[JudgeRequest]], list[Any]]  # JudgePool.judge_all
 Say = Callable[[str], None]
 
 
@@ -132,7 +133,7 @@ def augment_problems(problems: Sequence[ExecProblem], cfg: AugmentConfig, runner
     say(f"reduced to {sum(w.counts.new_cases for w in live)} new cases; verifying in the judge")
     for w in live:
         w.augmented = augmented_problem(w.problem, [(w.inputs[i], w.outputs[i]) for i in w.chosen], cfg.atol)
-    verdicts = judge([(w.augmented or w.problem, w.problem.reference_solution or "") for w in live])
+    verdicts = judge([(w.augmented or w.problem).request(w.problem.reference_solution or "") for w in live])
     for w, v in zip(live, verdicts, strict=True):
         w.counts.reference_passes = bool(v.passed)
         if not v.passed:
@@ -274,7 +275,7 @@ def _completion(mutant: str) -> str:
 
 def _original_kills(live: list[_Work], judge_mutants: Judge) -> None:
     items = [(w, m) for w in live for m in range(len(w.mutants))]
-    verdicts = judge_mutants([(w.problem, _completion(w.mutants[m])) for w, m in items]) if items else []
+    verdicts = judge_mutants([w.problem.request(_completion(w.mutants[m])) for w, m in items]) if items else []
     for (w, m), v in zip(items, verdicts, strict=True):
         if not v.passed:
             w.killed_original.add(m)
@@ -287,7 +288,7 @@ def _augmented_kills(live: list[_Work], judge_mutants: Judge) -> None:
     too: they run the original check first). A problem that keeps its original tests catches no more."""
     shipped = [w for w in live if w.augmented is not None and w.chosen and not w.counts.fallback]
     items = [(w, m) for w in shipped for m in range(len(w.mutants)) if m not in w.killed_original]
-    verdicts = judge_mutants([(w.augmented or w.problem, _completion(w.mutants[m])) for w, m in items]
+    verdicts = judge_mutants([(w.augmented or w.problem).request(_completion(w.mutants[m])) for w, m in items]
                              ) if items else []
     for w in live:
         w.counts.killed_by_augmented = w.counts.killed_by_original

@@ -18,21 +18,17 @@ answering child is read (``procstat.process_usage``: two small reads a call), no
 
 from __future__ import annotations
 
-import queue
 import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from codemill.cpus import usable_cpus
 from codemill.sandbox.clock import STARVED, LoadClock, credit, wait_readable
 from codemill.sandbox.limits import Limits
 from codemill.sandbox.procstat import Usage, process_usage
-from codemill.sandbox.runner import Sandbox
 from codemill.sandbox.servers import Server, ServerDied
-from codemill.sandbox.slots import map_on_slots
-from codemill.sandbox.uids import LEASES
+from codemill.sandbox.slot_pool import Slot, SlotPool
 from codemill.sandbox.wire import (
     BadData,
     ChannelClosed,
@@ -44,6 +40,7 @@ from codemill.sandbox.wire import (
 )
 
 LOAD_TIMEOUT_S = 10.0
+ROLE = "candidate"  # the judge harness's candidate server, as it is
 
 
 @dataclass(frozen=True)
@@ -73,70 +70,42 @@ class Batch:
     max_timeouts: int | None = None
 
 
-class _Slot:
-    def __init__(self, sandbox: Sandbox) -> None:
-        self.sandbox = sandbox
-        self.uid = LEASES.take()
-        self._server: Server | None = None
-
-    def server(self) -> Server:
-        if self._server is None or not self._server.alive():
-            if self._server is not None:
-                self._server.stop()
-            self._server = Server.start(self.sandbox, "candidate", self.uid)
-        return self._server
-
-    def drop(self) -> None:
-        if self._server is not None:
-            self._server.stop()
-            self._server = None
-
-    def close(self) -> None:
-        self.drop()
-        LEASES.give_back(self.uid)
-
-
 class BatchRunner:
-    """``with BatchRunner(limits, workers) as r: r.run_all([Batch(...), ...])``. Fails closed like ``JudgePool``:
-    the sandbox is probed before anything runs."""
+    """``with BatchRunner(limits, workers) as r: r.run_all([Batch(...), ...])``: a candidate server per slot of
+    the sandbox's slot pool, so it fails closed, leases uids, retries starts and counts restarts as the judge
+    pool does (``sandbox.slot_pool``)."""
 
     def __init__(self, limits: Limits | None = None, workers: int | None = None, unsafe: bool = False) -> None:
-        self.limits = limits or Limits()
-        self.workers = workers or usable_cpus()
-        self.sandbox = Sandbox(self.limits, unsafe=unsafe)
-        self._slots: queue.Queue[_Slot] = queue.Queue()
-        self._all: list[_Slot] = []
-        self.isolation: dict[str, str] = {}
+        self.slots = SlotPool((ROLE,), limits, workers, unsafe)
+        self.limits, self.sandbox = self.slots.limits, self.slots.sandbox
 
     def __enter__(self) -> BatchRunner:
-        self.isolation = self.sandbox.probe()
-        try:
-            for _ in range(self.workers):
-                slot = _Slot(self.sandbox)
-                self._all.append(slot)
-                self._slots.put(slot)
-        except BaseException:
-            self.close()
-            raise
+        self.slots.open()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
     def close(self) -> None:
-        for slot in self._all:
-            slot.close()
-        self._all = []
+        self.slots.close()
+
+    @property
+    def isolation(self) -> dict[str, str]:
+        return self.slots.isolation
+
+    @property
+    def restarts(self) -> int:
+        return self.slots.restarts
 
     def run_all(self, batches: Sequence[Batch], on_done: Callable[[int, int], None] | None = None
                 ) -> list[list[Call]]:
         """Results per batch, in input order; batches run in parallel, one per slot."""
-        return map_on_slots(self._slots, self.workers, self._run, batches, on_done)
+        return self.slots.map(self._run, batches, on_done)
 
     def run(self, batch: Batch) -> list[Call]:
         return self.run_all([batch])[0]
 
-    def _run(self, slot: _Slot, batch: Batch) -> list[Call]:
+    def _run(self, slot: Slot, batch: Batch) -> list[Call]:
         out: list[Call] = []
         timeouts = 0
         retried = -1
@@ -159,11 +128,11 @@ class BatchRunner:
                     out += [Call("load_error", error=ended.error)] * (n - len(out))
         return out
 
-    def _sample(self, slot: _Slot, batch: Batch, out: list[Call]) -> Call | None:
+    def _sample(self, slot: Slot, batch: Batch, out: list[Call]) -> Call | None:
         """Answer inputs from ``len(out)`` on in one child, appending to ``out``; the Call that ended the child
         early (timeout, crash, load error), or None when every input is answered."""
         host, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        server = slot.server()
+        server = slot.server(ROLE)
         if server.meter is not None:
             server.meter.mark()
         started = time.monotonic()
@@ -175,14 +144,14 @@ class BatchRunner:
                 child.close()
             return self._calls(host, batch, out, server, started)
         except ServerDied as exc:
-            slot.drop()
+            slot.drop(ROLE)
             return Call("crashed", error=str(exc)[:300])
         finally:
             host.close()
             try:
                 server.end_sample()
             except ServerDied:
-                slot.drop()
+                slot.drop(ROLE)
 
     def _calls(self, host: socket.socket, batch: Batch, out: list[Call], server: Server, started: float
                ) -> Call | None:

@@ -2,7 +2,7 @@
 
 The first observation is the problem's prompt, encoded as the engines encode text prompts (``encode_prompt``: no
 special tokens, left-truncated to leave the turn's new tokens). The one step judges the completion's text in the
-judge pool (``codemill.sandbox.rewards.score``; a sample the host got no verdict for is judged again) and ends the
+judge pool (``codemill.problems.rewards.score``; a sample the host got no verdict for is judged again) and ends the
 episode: reward 1 when every test passes (``binary``), or the fraction of separate test cases passed
 (``partial``, ``rl.rollout.reward``).
 """

@@ -483,7 +483,7 @@ def pool(bwrap_choice: str):
 
 
 def judge_one(pool, problem: ExecProblem, completion: str):
-    return pool.judge_all([(problem, completion)])[0]
+    return pool.judge_all([problem.request(completion)])[0]
 
 
 @pytest.mark.parametrize("attack", ATTACKS, ids=[a.name for a in ATTACKS])
@@ -610,8 +610,8 @@ def test_cross_sample_attack_does_not_reach_the_next_sample(name, old_sandbox, p
     attack = CROSS_SAMPLE[name]
     old, _ = execute_old(H0, attack, old_sandbox)
     # two calls: a server restarted in one call must serve the next one (threads of a call end with it)
-    [attacked] = pool.judge_all([(H0, attack)])
-    wrong, probe, right = pool.judge_all([(H0, WRONG_H0), (H0, PROBE), (H0, canonical("HumanEval/0"))])
+    [attacked] = pool.judge_all([H0.request(attack)])
+    wrong, probe, right = pool.judge_all([H0.request(c) for c in (WRONG_H0, PROBE, canonical("HumanEval/0"))])
     ROWS.append((f"cross_sample:{name}", str(old), str(attacked.outcome), attacked.kind))
     assert old is not Outcome.PASSED
     assert not attacked.passed
@@ -759,7 +759,7 @@ def test_installed_packages_are_not_visible_to_the_candidate(pool):
 def test_honest_samples_reuse_the_servers(pool):
     """Cleaning up after a sample leaves the sandbox usable: ordinary samples never restart a server."""
     before = pool.restarts
-    judged = pool.judge_all([(H0, canonical("HumanEval/0")), (H0, WRONG_H0), (H0, PRINTS), (H0, USES_RANDOM)] * 3)
+    judged = pool.judge_all([H0.request(c) for c in (canonical("HumanEval/0"), WRONG_H0, PRINTS, USES_RANDOM)] * 3)
     assert [j.passed for j in judged] == [True, False, True, True] * 3
     assert pool.restarts == before
 
@@ -773,6 +773,6 @@ def test_servers_started_in_one_call_serve_the_next():
 
     with JudgePool(NEW_LIMITS, workers=2) as two:
         for _ in range(4):
-            judged = two.judge_all([(H0, canonical("HumanEval/0"))] * 4)
+            judged = two.judge_all([H0.request(canonical("HumanEval/0"))] * 4)
             assert all(j.passed for j in judged), [j.kind for j in judged]
         assert two.restarts == 0

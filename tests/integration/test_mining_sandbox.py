@@ -100,7 +100,7 @@ def test_references_verify_and_wrong_completions_fail(problems: dict[str, ExecPr
         (stats, ellipsis_wrong),  # the mean is off (ELLIPSIS does not hide it): two cases of four fail
         (stats, "    return {'mean': 0.0, 'max': 0, 'extra': 1}\n"),  # wrong everywhere
     ]
-    judged = pool.judge_all(items)
+    judged = pool.judge_all([p.request(c) for p, c in items])
     verdicts = [(j.passed, round(j.partial, 3)) for j in judged]
     assert verdicts[0] == (True, 1.0), judged[0]
     assert verdicts[1] == (True, 1.0), judged[1]

@@ -10,9 +10,9 @@ import sys
 import pytest
 
 from codemill.problems.problem import ExecProblem
+from codemill.problems.rewards import score
 from codemill.sandbox import Limits, SandboxUnavailable
 from codemill.sandbox.judge_pool import JudgePool
-from codemill.sandbox.rewards import score
 
 CASES = ["assert candidate(1, 2) == 3", "assert candidate(-1, 1) == 0", "assert candidate(0, 0) == 0",
          "assert candidate(2, 2) == 4"]
@@ -68,8 +68,8 @@ def test_loops_and_sleepers_end_within_their_limits_on_a_busy_machine(pool, busy
     own), well inside the backstop; a program that sleeps forever gets its wall clock and no more."""
     from codemill.sandbox.judge_pool import VERDICT_GRACE_S
 
-    loop, sleeper = pool.judge_all([(NEG, "    while True:\n        pass\n"),
-                                    (NEG, "    import time\n    time.sleep(1000)\n")])
+    loop, sleeper = pool.judge_all([NEG.request("    while True:\n        pass\n"),
+                                    NEG.request("    import time\n    time.sleep(1000)\n")])
     assert (loop.outcome, loop.error, loop.retried) == ("timed_out", "CPU limit (killed by SIGXCPU)", False)
     assert loop.duration_s < LIMITS.backstop_s() + VERDICT_GRACE_S + 3
     assert (sleeper.outcome, sleeper.kind, sleeper.error) == ("timed_out", "timed_out", "wall-clock limit")
@@ -99,7 +99,7 @@ def test_a_crowded_pool_still_passes_every_right_answer(one_cpu):
     slow_right = "    import time\n    t = time.process_time()\n    while time.process_time() - t < 1.0:\n" \
                  "        pass\n    return -x\n"
     with JudgePool(Limits(wall_s=1.5, cpu_s=5, backstop=2), workers=16) as crowded:
-        judged = crowded.judge_all([(NEG, slow_right)] * 16)
+        judged = crowded.judge_all([NEG.request(slow_right)] * 16)
     assert [(j.outcome, j.kind) for j in judged] == [("passed", "passed")] * 16
 
 
