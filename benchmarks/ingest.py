@@ -40,17 +40,17 @@ import polars as pl
 
 from benchmarks.near_dedup import compare
 from codemill.cpus import usable_cpus
-from codemill.data.config import IngestConfig, SourceConfig
+from codemill.data.config import IngestConfig
 from codemill.data.dedup import resolve_duplicates
 from codemill.data.filters import language_expr
 from codemill.data.ingest import CHUNK_CODE_VERSION, CHUNK_STEPS, INGEST_CODE_VERSION, prepare
 from codemill.data.minhash import VERIFY_MARGIN
-from codemill.data.sources import plan_chunks, read_chunk, stdlib_root
+from codemill.data.sources import FolderSource, plan_chunks, read_chunk, stdlib_root
 from codemill.data.steps import ChunkContext
 
 
-def corpus_source(repo: str | None = None) -> SourceConfig:
-    return SourceConfig(path=stdlib_root(), repo=repo, include=["**/*.py"], exclude=[], skip_dirs=["__pycache__"])
+def corpus_source(repo: str | None = None) -> FolderSource:
+    return FolderSource(path=stdlib_root(), repo=repo, include=["**/*.py"], exclude=[], skip_dirs=["__pycache__"])
 
 
 def corpus_config(copies: int = 1) -> IngestConfig:

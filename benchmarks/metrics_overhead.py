@@ -38,9 +38,9 @@ import torch
 from benchmarks.rl_rollout import bwrap_version, tiny_policy
 from codemill import metrics
 from codemill.cpus import usable_cpus
-from codemill.data.config import IngestConfig, SourceConfig
+from codemill.data.config import IngestConfig
 from codemill.data.ingest import run_ingest
-from codemill.data.sources import stdlib_root
+from codemill.data.sources import FolderSource, stdlib_root
 from codemill.evals.humaneval import STOP_SEQUENCES
 from codemill.metrics.push import flow_metrics
 from codemill.models.engines import HFEngine, RolloutParams
@@ -112,7 +112,7 @@ def main() -> None:
 
     tmp = tempfile.TemporaryDirectory()
     root = Path(tmp.name)
-    ingest_cfg = IngestConfig(sources=[SourceConfig(path=stdlib_root(), include=[f"{p}/**/*.py" for p in PACKAGES],
+    ingest_cfg = IngestConfig(sources=[FolderSource(path=stdlib_root(), include=[f"{p}/**/*.py" for p in PACKAGES],
                                                     exclude=[], skip_dirs=["__pycache__"])])
     engine = HFEngine(tiny_policy(root / "policy"), rows_per_forward=args.problems * args.k)
     problems = synthetic_problems(1, args.problems)

@@ -15,7 +15,7 @@ from rich.text import Text
 
 from codemill import progress
 from codemill.config import ConfigError, PipelineConfig, load_config, load_preset, preset_names
-from codemill.data.config import SourceConfig
+from codemill.data.sources import FolderSource
 from codemill.evals.config import SUITES, SuiteName
 from codemill.rl.config import algorithm_fields, algorithm_names
 
@@ -62,7 +62,7 @@ def build_config(config: Path | None, preset: str | None, sources: list[Path] | 
         files = [str(s) for s in sources if not s.is_dir()]
         if files:
             raise typer.BadParameter(f"source is not a folder: {', '.join(files)}", param_hint="--source")
-        cfg.ingest.sources = [SourceConfig(path=str(s.resolve())) for s in sources]
+        cfg.ingest.sources = [FolderSource(path=str(s.resolve())) for s in sources]
     if store:
         cfg.store_root = store
     return cfg

@@ -14,7 +14,7 @@ import types
 from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Any, Union, get_args, get_origin
+from typing import Annotated, Any, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, Field, ValidationError
@@ -141,10 +141,10 @@ def format_validation_error(err: ValidationError, source: str, text: str | None 
     ``text`` (the YAML the data came from) adds line numbers, and the problems come in file order."""
     found: list[tuple[int, str]] = []
     for e in err.errors(include_url=False):
-        loc = tuple(e["loc"])
+        loc, _ = _config_path(model, e["loc"])
         if e["type"] == "extra_forbidden":
             name = str(loc[-1])
-            parent = _model_at(model, loc[:-1])
+            _, parent = _config_path(model, e["loc"][:-1])
             fields = list(parent.model_fields) if parent else []
             close = difflib.get_close_matches(name, fields, n=1)
             problem = f"unknown field {name!r}"
@@ -178,22 +178,51 @@ def _dotted(loc: Sequence[int | str]) -> str:
     return out or "top level"
 
 
-def _model_at(model: type[BaseModel], loc: Sequence[int | str]) -> type[BaseModel] | None:
-    """The config model found by following ``loc`` through fields, list items and dict values (None if none)."""
+def _config_path(model: type[BaseModel], loc: Sequence[int | str]) -> tuple[tuple[int | str, ...],
+                                                                            type[BaseModel] | None]:
+    """``loc`` as the config file spells it, and the config model found by following it through fields, list
+    items and dict values (None if none). pydantic puts the tag of a discriminated union's member into the
+    location (``ingest.sources.0.folder.include``); the file has no such key, so the tag is dropped and the walk
+    goes on in that member."""
     t: Any = model
+    out: list[int | str] = []
     for part in loc:
-        t = _optional_inner(t)
+        member = _tagged_member(t, part)
+        if member is not None:
+            t = member
+            continue
+        out.append(part)
+        t = _optional_inner(_strip_annotated(t))
         origin = get_origin(t)
         if origin in (list, tuple) and isinstance(part, int):
             t = get_args(t)[0]
         elif origin is dict:
             t = get_args(t)[1]
         elif origin is None and isinstance(t, type) and issubclass(t, BaseModel) and str(part) in t.model_fields:
-            t = t.model_fields[str(part)].annotation
+            info = t.model_fields[str(part)]
+            t = Annotated[info.annotation, info] if isinstance(info.discriminator, str) else info.annotation
         else:
-            return None
-    t = _optional_inner(t)
-    return t if get_origin(t) is None and isinstance(t, type) and issubclass(t, BaseModel) else None
+            t = None
+    t = _optional_inner(_strip_annotated(t))
+    return tuple(out), t if get_origin(t) is None and isinstance(t, type) and issubclass(t, BaseModel) else None
+
+
+def _tagged_member(t: Any, part: int | str) -> type[BaseModel] | None:
+    """The member of the discriminated union ``t`` (an ``Annotated`` union with a discriminator) whose tag is
+    ``part``; None when ``t`` is no such union or ``part`` no tag of it."""
+    if get_origin(t) is not Annotated or not isinstance(part, str):
+        return None
+    union, *meta = get_args(t)
+    tag = next((m.discriminator for m in meta if isinstance(getattr(m, "discriminator", None), str)), None)
+    members = get_args(union) if tag is not None else ()
+    return next((m for m in members if isinstance(m, type) and issubclass(m, BaseModel) and tag in m.model_fields
+                 and m.model_fields[tag].default == part), None)
+
+
+def _strip_annotated(t: Any) -> Any:
+    while get_origin(t) is Annotated:
+        t = get_args(t)[0]
+    return t
 
 
 def _optional_inner(t: Any) -> Any:

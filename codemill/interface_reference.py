@@ -53,10 +53,12 @@ INTERFACES: dict[str, Interface] = {
          "codemill.evals.suites.base:ci", "codemill.evals.suites.base:scores",
          "codemill.evals.suites.base:sampler_config")),
     "source": Interface(
-        "Corpus source", "codemill.data.sources", "", "codemill.data.config:SourceKind",
-        ("codemill.data.sources:ChunkSpec", "codemill.data.sources:RAW_SCHEMA",
-         "codemill.data.sources:iter_chunks", "codemill.data.sources:read_chunk",
-         "codemill.data.sources:source_fingerprint", "codemill.data.sources:SourceError")),
+        "Corpus source", "codemill.data.sources.base", "codemill.data.sources:SOURCE_KINDS",
+        "codemill.data.config:SourceConfig",
+        ("codemill.data.sources.base:CorpusSource", "codemill.data.sources.base:TableSource",
+         "codemill.data.sources.base:FileTableSource", "codemill.data.sources.base:ChunkSpec",
+         "codemill.data.sources.base:RAW_SCHEMA", "codemill.data.sources.base:table_rows",
+         "codemill.data.sources.base:SourceError")),
     "algorithm": Interface(
         "RL update rule", "codemill.rl.algorithms.base", "codemill.rl.algorithms:ALGORITHMS",
         "codemill.rl.config:AlgorithmConfig",

@@ -1,109 +1,44 @@
-"""The ingest and tokenize sections: corpus sources, filters, dedup, redaction, decontamination, split,
-shards, and the tokenizer and packing."""
+"""The ingest and tokenize sections: corpus sources (one config per registered kind, in
+``codemill.data.sources``), filters, dedup, redaction, decontamination, split, shards, and the tokenizer and
+packing."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import BeforeValidator, Field, TypeAdapter
 
+from codemill.data.sources import DEFAULT_KIND, SOURCE_KINDS, CorpusSource
+from codemill.data.sources.folder import DEFAULT_LANGUAGES, FolderSource
+from codemill.registry import names_literal, tagged_union
 from codemill.stage_config import StageConfig, runtime_only
 
-# Files a folder source skips unless its `exclude` says otherwise: lock files, which are generated. Minified
-# code and generated files are not excluded by name: the filters reject them and record why.
-DEFAULT_EXCLUDES = ["**/*.lock", "**/package-lock.json", "**/npm-shrinkwrap.json", "**/pnpm-lock.yaml",
-                    "**/go.sum"]
+
+def _kind_by_default(value: Any) -> Any:
+    """A source that names no `kind` is a folder (`sources: [{path: ~/src/repo}]`)."""
+    return {"kind": DEFAULT_KIND, **value} if isinstance(value, dict) else value
 
 
-# The stdlib source (a folder source with an empty path) takes its Python modules, without its test suites.
-STDLIB_INCLUDE = ["**/*.py"]
+if TYPE_CHECKING:
+    SourceConfig = CorpusSource
+else:  # one member per registered source kind; a source without a `kind` is a folder
+    SourceConfig = Annotated[tagged_union(list(SOURCE_KINDS.values()), "kind"), BeforeValidator(_kind_by_default)]
+
+SourceKind = names_literal(list(SOURCE_KINDS))  # the registered kinds' names
 
 
-STDLIB_EXCLUDES = ["site-packages/**", "test/**", "**/__pycache__/**", "idlelib/idle_test/**"]
+def source_config(**fields: Any) -> CorpusSource:
+    """The config of the kind ``fields`` name (default: folder), validated as ``ingest.sources`` validates it."""
+    source: CorpusSource = _SOURCE.validate_python(fields)
+    return source
 
 
-# Folders never ingested from a folder source, matched against any path component (documented in README):
-# version control, vendored dependencies, build output, caches. A folder holding `pyvenv.cfg` (a virtualenv)
-# is skipped too.
-DEFAULT_SKIP_DIRS = [".git", ".hg", ".svn", "node_modules", "bower_components", "vendor", "third_party",
-                     "build", "dist", "target", ".venv", "__pycache__", ".tox", ".nox", ".mypy_cache",
-                     ".pytest_cache", ".eggs", "*.egg-info"]
+_SOURCE: TypeAdapter[Any] = TypeAdapter(SourceConfig)
 
 
-DEFAULT_LANGUAGES = {
-    ".py": "python", ".pyi": "python", ".pyx": "cython", ".c": "c", ".h": "c", ".cc": "c++", ".cpp": "c++",
-    ".cxx": "c++", ".hpp": "c++", ".hh": "c++", ".rs": "rust", ".go": "go", ".js": "javascript",
-    ".mjs": "javascript", ".cjs": "javascript", ".jsx": "javascript", ".ts": "typescript", ".tsx": "typescript",
-    ".java": "java", ".kt": "kotlin", ".scala": "scala", ".rb": "ruby", ".php": "php", ".cs": "c#",
-    ".swift": "swift", ".m": "objective-c", ".lua": "lua", ".pl": "perl", ".r": "r", ".jl": "julia",
-    ".sh": "shell", ".bash": "shell", ".zsh": "shell", ".sql": "sql", ".html": "html", ".css": "css",
-    ".md": "markdown", ".rst": "restructuredtext", ".json": "json", ".yaml": "yaml", ".yml": "yaml",
-    ".toml": "toml", ".xml": "xml", ".f90": "fortran", ".hs": "haskell", ".ml": "ocaml", ".ex": "elixir",
-    ".erl": "erlang", ".dart": "dart", ".zig": "zig",
-}
-
-
-FOLDER_WALK_FIELDS = ("include", "exclude", "skip_dirs", "follow_external_symlinks")
-
-
-SourceKind = Literal["folder", "parquet", "jsonl", "hf_disk", "hf_hub"]
-
-
-class SourceConfig(StageConfig):
-    """One corpus source. A folder (a git repository root records its commit), Parquet/JSONL files (local,
-    glob or fsspec URL such as s3://bucket/prefix/*.parquet), or a Hugging Face dataset (a `save_to_disk`
-    folder, or a name/path for `load_dataset`). Empty path with kind=folder means this Python's stdlib."""
-
-    kind: SourceKind = Field("folder", description="folder | parquet | jsonl | hf_disk | hf_hub.")
-    path: str | None = Field(None, description="Folder, file/glob/URL, or dataset; empty = this Python's stdlib.")
-    repo: str | None = Field(None, description="Repository name for rows without a repo column; default: the "
-                                               "folder or file name.")
-    include: list[str] | None = Field(None, description="Folder sources: glob patterns of files to take; empty "
-                                                        "= every file whose extension is in `ingest.languages`. "
-                                                        "The stdlib source (empty path) defaults to `**/*.py`.")
-    exclude: list[str] = Field(DEFAULT_EXCLUDES, description="Folder sources: glob patterns of files (or, ending "
-                                                             "in `/**`, folders) to skip; by default lock files. "
-                                                             "The stdlib source (empty path) defaults to its "
-                                                             "test folders and site-packages instead.")
-    skip_dirs: list[str] = Field(DEFAULT_SKIP_DIRS, description="Folder sources: folder names never entered "
-                                                                "(VCS, vendored, build output, caches).")
-    follow_external_symlinks: bool = Field(False, description="Folder sources: read file symlinks whose target "
-                                                              "lies outside the folder. Off by default: a cloned "
-                                                              "repository is untrusted input, and a link to a "
-                                                              "credentials file would carry it into the corpus.")
-    content_column: str = Field("content", description="Table sources: the column holding file text.")
-    path_column: str | None = Field("path", description="Table sources: file path column (absent = row-N).")
-    repo_column: str | None = Field("repo", description="Table sources: repository column (absent = repo).")
-    hf_name: str | None = Field(None, description="hf_hub: dataset config name.")
-    hf_split: str = Field("train", description="hf_hub / hf_disk (DatasetDict): the split to read.")
-    hf_revision: str | None = Field(None, description="hf_hub: dataset revision (commit, tag or branch).")
-    storage_options: dict[str, Any] = runtime_only(
-        default_factory=dict, description="fsspec options for URLs (e.g. S3 endpoint_url, key, secret); "
-                                          "prefer environment credentials.")
-
-    @property
-    def is_stdlib(self) -> bool:
-        return self.kind == "folder" and not self.path
-
-    @model_validator(mode="after")
-    def _stdlib_defaults(self) -> SourceConfig:
-        """The stdlib source's own defaults, written into the config (and so into the digest) rather than
-        implied: an `include` or `exclude` the config does not set takes STDLIB_INCLUDE / STDLIB_EXCLUDES."""
-        if self.is_stdlib:
-            if "include" not in self.model_fields_set:
-                self.include = list(STDLIB_INCLUDE)
-            if "exclude" not in self.model_fields_set:
-                self.exclude = list(STDLIB_EXCLUDES)
-        return self
-
-    def digest_config(self) -> dict[str, Any]:
-        """A table or dataset source hashes none of the folder walk's settings: they never touch its rows, so a
-        change of the folder defaults does not re-ingest it."""
-        out = super().digest_config()
-        if self.kind != "folder":
-            for name in FOLDER_WALK_FIELDS:
-                del out[name]
-        return out
+def _stdlib_only() -> list[CorpusSource]:
+    """The default corpus: this Python's stdlib (a folder source with an empty path)."""
+    return [FolderSource()]
 
 
 class FilterConfig(StageConfig):
@@ -158,7 +93,8 @@ class DecontaminationConfig(StageConfig):
 
 
 class IngestConfig(StageConfig):
-    sources: list[SourceConfig] = Field(default_factory=lambda: [SourceConfig()], description="Corpus sources.")
+    sources: list[SourceConfig] = Field(default_factory=_stdlib_only, description="Corpus sources, each of the "
+                                        "kind its `kind` names (default: folder).")
     max_file_bytes: int = Field(1_000_000, gt=0, description="Files larger than this are rejected (too_large).")
     languages: dict[str, str] = Field(DEFAULT_LANGUAGES, description="File extension -> language.")
     allow_languages: list[str] | None = Field(None, description="Keep only these languages; empty = all.")

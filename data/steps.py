@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 import polars as pl
 
-from codemill.data.config import IngestConfig
 from codemill.data.shingles import token_hashes
 
 if TYPE_CHECKING:
+    from codemill.data.config import IngestConfig
     from codemill.data.decontaminate import NgramIndex
 
 

@@ -16,10 +16,9 @@ from pathlib import Path
 
 import polars as pl
 
-from codemill.data.config import SourceConfig
 from codemill.data.filters import language_expr
 from codemill.data.folder_source import Rejections, iter_candidates
-from codemill.data.sources import folder_root, folder_rules
+from codemill.data.sources import CorpusSource, FolderSource
 
 INDENT = "  "
 
@@ -37,23 +36,23 @@ class SourceSurvey:
     by_include: bool = False  # the walk takes what include patterns match, not what has a language
 
 
-def shown_as(src: SourceConfig) -> str:
+def shown_as(src: CorpusSource) -> str:
     """The source as a user wrote it, the home folder shown as ``~``; the stdlib source as ``stdlib``."""
     if src.is_stdlib:
         return "stdlib"
     text = str(src.path)
     home = os.path.expanduser("~")
-    if src.kind == "folder" and text.startswith(home + os.sep):
+    if isinstance(src, FolderSource) and text.startswith(home + os.sep):
         text = "~" + text[len(home):]
     return text
 
 
-def survey_source(src: SourceConfig, languages: Mapping[str, str]) -> SourceSurvey:
+def survey_source(src: CorpusSource, languages: Mapping[str, str]) -> SourceSurvey:
     """Walk a folder source as the ingest will; other kinds are only read by the ingest, so say just that."""
-    if src.kind != "folder":
+    if not isinstance(src, FolderSource):
         return SourceSurvey(shown_as(src), src.kind)
     passed = Rejections()
-    paths = list(iter_candidates(Path(folder_root(src)), folder_rules(src, languages), passed_over=passed))
+    paths = list(iter_candidates(Path(src.root()), src.rules(languages), passed_over=passed))
     named = pl.DataFrame({"path": paths}, schema={"path": pl.String}).select(
         language_expr(pl.col("path"), dict(languages)).alias("language"))
     counts = Counter(named["language"].to_list())

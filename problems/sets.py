@@ -36,8 +36,9 @@ from typing import Any
 
 import polars as pl
 
-from codemill.data.config import DecontaminationConfig, SourceConfig
+from codemill.data.config import DecontaminationConfig, source_config
 from codemill.data.corpus import assign_split, read_split
+from codemill.data.sources import FileTableSource, source_fingerprint, table_files
 from codemill.problems.config import ProblemsConfig, ProblemSourceConfig
 from codemill.problems.mining import MINING_CODE_VERSION
 from codemill.problems.plus.counts import write_counts
@@ -78,19 +79,19 @@ def source_labels(sources: list[ProblemSourceConfig]) -> list[str]:
     return out
 
 
-def _table_source(src: ProblemSourceConfig) -> SourceConfig:
-    """The ingest's view of a file source, to reuse its listing, fsspec opening and fingerprints."""
+def _table_source(src: ProblemSourceConfig) -> FileTableSource:
+    """The ingest's source of the same kind, to reuse its file listing, fsspec opening and fingerprints."""
     if not src.path:
         raise ProblemFileError(f"{src.kind} problem source has no path")
-    return SourceConfig(kind=src.kind, path=src.path, storage_options=src.storage_options)
+    table = source_config(kind=src.kind, path=src.path, storage_options=src.storage_options)
+    assert isinstance(table, FileTableSource)  # jsonl and parquet: file kinds in both
+    return table
 
 
 def fingerprint_problem_sources(cfg: ProblemsConfig) -> list[dict[str, Any]]:
     """Content fingerprints of the file sources (what makes a changed file change the digest). Fails naming a
     missing path, bucket or unreadable source; mined and synthetic sources have none (the corpus digest and
     the config identify them)."""
-    from codemill.data.sources import source_fingerprint
-
     out = []
     for label, src in zip(source_labels(cfg.sources), cfg.sources, strict=True):
         if src.kind in ("jsonl", "parquet"):
@@ -101,8 +102,6 @@ def fingerprint_problem_sources(cfg: ProblemsConfig) -> list[dict[str, Any]]:
 
 
 def problem_files(src: ProblemSourceConfig) -> list[str]:
-    from codemill.data.sources import table_files
-
     return table_files(_table_source(src))
 
 

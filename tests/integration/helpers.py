@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from codemill.config import PipelineConfig, load_preset
-from codemill.data.config import SourceConfig
+from codemill.data.sources import FolderSource
 from codemill.problems.config import AugmentConfig
 
 
@@ -19,7 +19,7 @@ def small_pipeline_config(corpus: Path, tmp: Path, *, max_steps: int = 40, all_s
     cfg.store_root = str(tmp / "store")
     cfg.work_dir = str(tmp / "work")
     cfg.mlflow_tracking_uri = f"sqlite:///{tmp / 'mlflow.db'}"
-    cfg.ingest.sources = [SourceConfig(path=str(corpus))]
+    cfg.ingest.sources = [FolderSource(path=str(corpus))]
     cfg.ingest.val_fraction = 0.3
     cfg.ingest.shard_max_rows = 40
     cfg.tokenize.vocab_size = 1024

@@ -12,8 +12,9 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from codemill.data.config import IngestConfig, SourceConfig
+from codemill.data.config import IngestConfig
 from codemill.data.folder_source import SourceNotFoundError
+from codemill.data.sources import FolderSource
 from tests.system_tools import require
 
 INGEST_ONCE = """
@@ -64,7 +65,7 @@ def make_bad_corpus(root: Path) -> Path:
 
 def test_bad_files_are_counted_by_reason_and_the_run_is_clean(tmp_path, mlflow_uri):
     corpus = make_bad_corpus(tmp_path / "bad")
-    cfg = IngestConfig(sources=[SourceConfig(path=str(corpus), exclude=[])], val_fraction=0.5)
+    cfg = IngestConfig(sources=[FolderSource(path=str(corpus), exclude=[])], val_fraction=0.5)
     ctx = {"store_root": str(tmp_path / "store"), "work_dir": str(tmp_path / "work"), "tracking_uri": mlflow_uri,
            "experiment": "bad-input"}
     proc = subprocess.run([*_without_root_privileges(), sys.executable, "-c", INGEST_ONCE, cfg.model_dump_json(),
@@ -90,7 +91,7 @@ def test_missing_source_path_fails_at_once_naming_it(tmp_path):
 
     missing = tmp_path / "does-not-exist"
     with pytest.raises(SourceNotFoundError, match=str(missing)):
-        fingerprint_sources(IngestConfig(sources=[SourceConfig(path=str(missing))]))
+        fingerprint_sources(IngestConfig(sources=[FolderSource(path=str(missing))]))
 
 
 def test_cli_rejects_missing_source_before_starting_anything(tmp_path):

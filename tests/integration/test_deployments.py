@@ -80,12 +80,12 @@ def test_serve_registers_schedule_and_runs_a_triggered_deployment(small_corpus, 
 
 
 def test_failed_flow_run_is_recorded_on_its_mlflow_run(small_corpus, tmp_path):
-    from codemill.data.config import SourceConfig
+    from codemill.data.sources import FolderSource
     from codemill.flows.pipeline import pipeline
     from codemill.lineage import Lineage
 
     cfg = small_pipeline_config(small_corpus, tmp_path)
-    cfg.ingest.sources = [SourceConfig(path=str(tmp_path / "does-not-exist"))]
+    cfg.ingest.sources = [FolderSource(path=str(tmp_path / "does-not-exist"))]
     state = pipeline(config=cfg, until="ingest", return_state=True)
     assert state.is_failed()
     lineage = Lineage(cfg.mlflow_tracking_uri, cfg.name)

@@ -6,7 +6,8 @@ import shutil
 
 import pytest
 
-from codemill.data.config import IngestConfig, SourceConfig
+from codemill.data.config import IngestConfig
+from codemill.data.sources import FolderSource
 from codemill.tasks.common import RunContext
 
 pytestmark = pytest.mark.integration
@@ -29,7 +30,7 @@ def test_reingest_reuses_unchanged_chunks_and_reports_changes(small_corpus, tmp_
     shutil.copytree(small_corpus, corpus)
     ctx = RunContext(store_root=str(tmp_path / "store"), work_dir=str(tmp_path / "work"), tracking_uri=mlflow_uri,
                      experiment="incremental")
-    cfg = IngestConfig(sources=[SourceConfig(path=str(corpus))], chunk_files=16)
+    cfg = IngestConfig(sources=[FolderSource(path=str(corpus))], chunk_files=16)
     first = _ingest(cfg, ctx)
     m1 = ctx.store().read_manifest(first.ref)
     assert m1.stats["changes"] == {"previous": None} and m1.stats["chunks"]["reused"] == 0

@@ -117,7 +117,7 @@ def wrong_square(x):
 
 
 def test_doctests_are_mined_from_the_ingested_corpus(tmp_path):
-    from codemill.data.config import SourceConfig
+    from codemill.data.sources import FolderSource
     from codemill.flows.problems import problems
 
     corpus = tmp_path / "src" / "helpers"
@@ -125,7 +125,7 @@ def test_doctests_are_mined_from_the_ingested_corpus(tmp_path):
     (corpus / "numeric.py").write_text(MODULE)
     (corpus / "m0.py").write_text(MODULE.replace("clamp", "clamp_m0").replace("wrong_square", "wrong_square_m0"))
     cfg = small_pipeline_config(corpus, tmp_path)
-    cfg.ingest.sources = [SourceConfig(path=str(corpus), repo="org/helpers")]
+    cfg.ingest.sources = [FolderSource(path=str(corpus), repo="org/helpers")]
     cfg.ingest.val_fraction = 0.5  # m0.py lands in val, numeric.py in train (a salted hash of the module name)
     cfg.problems.sources = [ProblemSourceConfig(kind="mined")]
     cfg.problems.workers = 2

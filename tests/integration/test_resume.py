@@ -14,8 +14,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from codemill.data.config import IngestConfig, SourceConfig, TokenizeConfig
+from codemill.data.config import IngestConfig, TokenizeConfig
 from codemill.data.ingest import run_ingest
+from codemill.data.sources import FolderSource
 from codemill.data.tokenize import build_tokenizer, run_tokenize
 from codemill.models.build import build_model
 from codemill.models.checkpoint import committed_steps
@@ -31,7 +32,7 @@ DROPOUT = 0.1  # the resume test trains with dropout, so the restored RNG states
 @pytest.fixture(scope="module")
 def tokens(small_corpus, tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("resume-data")
-    run_ingest(IngestConfig(sources=[SourceConfig(path=str(small_corpus))], val_fraction=0.2), root / "corpus")
+    run_ingest(IngestConfig(sources=[FolderSource(path=str(small_corpus))], val_fraction=0.2), root / "corpus")
     cfg = TokenizeConfig(vocab_size=512, seq_len=64, sequences_per_shard=300)
     build_tokenizer(cfg, root / "corpus", root / "tokenizer")
     stats = run_tokenize(cfg, root / "corpus", root / "tokenizer", root / "tokens")

@@ -8,9 +8,11 @@ import json
 import polars as pl
 import pytest
 
-from codemill.data.config import IngestConfig, SourceConfig
+from codemill.data.config import IngestConfig
 from codemill.data.ingest import fingerprint_sources, run_ingest
 from codemill.data.sources import SourceError, plan_chunks
+from codemill.data.sources.jsonl import JsonlSource
+from codemill.data.sources.parquet import ParquetSource
 from tests.conftest import s3_bucket, start_moto_server
 
 pytestmark = pytest.mark.integration
@@ -29,8 +31,8 @@ def test_parquet_and_jsonl_on_s3_are_ingested(s3_env, tmp_path):
     s3_env.put_object(Bucket="corpus-src", Key="pq/part-0.parquet", Body=buf.getvalue())
     lines = [json.dumps({"content": CODE.format(i=100 + i), "path": f"j{i}.py"}) for i in range(3)] + ["{oops"]
     s3_env.put_object(Bucket="corpus-src", Key="js/rows.jsonl", Body="\n".join(lines).encode())
-    cfg = IngestConfig(sources=[SourceConfig(kind="parquet", path="s3://corpus-src/pq/*.parquet"),
-                                SourceConfig(kind="jsonl", path="s3://corpus-src/js/", repo="org/j")],
+    cfg = IngestConfig(sources=[ParquetSource(path="s3://corpus-src/pq/*.parquet"),
+                                JsonlSource(path="s3://corpus-src/js/", repo="org/j")],
                        val_fraction=0.0, chunk_files=2, decontamination={"enabled": False})
     fps = fingerprint_sources(cfg)
     assert [f["files"] for f in fps] == [1, 1] and all(len(f["fingerprint"]) == 64 for f in fps)
@@ -45,8 +47,7 @@ def test_parquet_and_jsonl_on_s3_are_ingested(s3_env, tmp_path):
 
 def test_a_missing_bucket_is_a_clear_error(s3_env):
     with pytest.raises(SourceError, match=r"s3://no-such-bucket-here/x/\*.parquet.*(not exist|not found|no files)"):
-        fingerprint_sources(IngestConfig(sources=[SourceConfig(kind="parquet",
-                                                               path="s3://no-such-bucket-here/x/*.parquet")]))
+        fingerprint_sources(IngestConfig(sources=[ParquetSource(path="s3://no-such-bucket-here/x/*.parquet")]))
 
 
 def test_wrong_credentials_are_a_clear_error(monkeypatch):
@@ -64,7 +65,7 @@ def test_wrong_credentials_are_a_clear_error(monkeypatch):
                           aws_secret_access_key=key["SecretAccessKey"])
         s3.create_bucket(Bucket="locked")
         s3.put_object(Bucket="locked", Key="rows.jsonl", Body=b'{"content": "x = 1"}\n')
-        src = SourceConfig(kind="jsonl", path="s3://locked/rows.jsonl", storage_options={
+        src = JsonlSource(path="s3://locked/rows.jsonl", storage_options={
             "key": key["AccessKeyId"], "secret": "not-the-secret", "endpoint_url": url})
         with pytest.raises(SourceError, match=r"s3://locked/rows.jsonl.*access denied \(check the credentials\)"):
             fingerprint_sources(IngestConfig(sources=[src]))

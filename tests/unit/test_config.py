@@ -1,8 +1,12 @@
 import pytest
 import yaml
 
-from codemill.config import PipelineConfig, load_config, load_preset, preset_names
-from codemill.data.config import SourceConfig
+from codemill.config import PipelineConfig, load_config, load_preset, parse_config, preset_names
+from codemill.data.sources import SOURCE_KINDS, FolderSource
+from codemill.data.sources.hf import HfDiskSource, HfHubSource
+from codemill.data.sources.jsonl import JsonlSource
+from codemill.data.sources.parquet import ParquetSource
+from codemill.hashing import digest_of
 from codemill.models.config import TrainConfig
 
 
@@ -132,12 +136,32 @@ def test_format_validation_error_without_source_text():
     ]
 
 
-def test_table_sources_hash_none_of_the_folder_walk():
-    """A Parquet source's digest ignores include/exclude/skip_dirs (they never touch its rows); a folder's
-    does not."""
-    parquet = SourceConfig(kind="parquet", path="data/*.parquet")
-    narrowed = SourceConfig(kind="parquet", path="data/*.parquet", include=["**/*.rs"], skip_dirs=[])
-    assert parquet.digest_config() == narrowed.digest_config()
-    assert "include" not in parquet.digest_config()
-    folder = SourceConfig(path="/src/repo")
-    assert folder.digest_config() != SourceConfig(path="/src/repo", include=["**/*.rs"]).digest_config()
+def test_a_source_takes_only_its_own_kinds_settings(tmp_path):
+    """A table setting on a folder source, or a folder setting on a table source, is one line naming it."""
+    p, lines = _problems(tmp_path, "ingest:\n  sources:\n    - path: /src/repo\n      content_column: text\n")
+    assert lines == [f"{p}:4: ingest.sources[0].content_column: unknown field 'content_column'; valid fields: "
+                     "kind, path, repo, include, exclude, skip_dirs, follow_external_symlinks"]
+    p, lines = _problems(tmp_path, "ingest:\n  sources:\n    - kind: parquet\n      path: d/*.parquet\n"
+                                   "      skip_dirs: []\n")
+    assert len(lines) == 1 and lines[0].startswith(f"{p}:5: ingest.sources[0].skip_dirs: unknown field 'skip_dirs'")
+
+
+def test_every_registered_kind_round_trips_through_yaml():
+    sources = [SOURCE_KINDS[kind](path=f"/data/{kind}", repo="org/r") for kind in SOURCE_KINDS]
+    text = yaml.safe_dump({"ingest": {"sources": [s.model_dump(mode="json") for s in sources]}})
+    back = parse_config(text, "x.yaml").ingest.sources
+    assert [type(s) for s in back] == list(SOURCE_KINDS.values()) and back == sources
+    assert [s.digest_config() for s in back] == [s.digest_config() for s in sources]
+    assert type(parse_config("ingest: {sources: [{path: /src}]}", "x.yaml").ingest.sources[0]) is FolderSource
+
+
+def test_each_kind_keeps_the_digest_it_had_when_one_config_served_every_kind():
+    """Digests computed before each kind had its own config: the artifacts made then stay valid."""
+    pinned = [(FolderSource(path="/src/repo"), "d21474fabd5d"),
+              (ParquetSource(path="data/*.parquet", content_column="code"), "e8d8965b620a"),
+              (JsonlSource(path="rows.jsonl"), "44622244bb08"),
+              (HfDiskSource(path="/d/saved", hf_split="test"), "b5aff80bf44e"),
+              (HfHubSource(path="org/set", hf_name="py", hf_revision="v1"), "da498ce1cddc")]
+    assert [digest_of(src.digest_config())[:12] for src, _ in pinned] == [digest for _, digest in pinned]
+    folder = FolderSource(path="/src/repo")
+    assert folder.digest_config() != FolderSource(path="/src/repo", include=["**/*.rs"]).digest_config()

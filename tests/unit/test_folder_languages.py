@@ -12,11 +12,12 @@ import pytest
 from typer.testing import CliRunner
 
 from codemill.cli import app
-from codemill.data.config import DEFAULT_LANGUAGES, STDLIB_EXCLUDES, STDLIB_INCLUDE, IngestConfig, SourceConfig
+from codemill.data.config import DEFAULT_LANGUAGES, IngestConfig, source_config
 from codemill.data.corpus import read_split
 from codemill.data.folder_source import Rejections, iter_candidates
 from codemill.data.ingest import run_ingest
-from codemill.data.sources import folder_root, folder_rules
+from codemill.data.sources import FolderSource, folder_root, folder_rules
+from codemill.data.sources.folder import STDLIB_EXCLUDES, STDLIB_INCLUDE
 from codemill.data.survey import SourceSurvey, survey_lines, survey_source
 
 MINIFIED = "var a=" + ";var ".join(f"x{i}={i}" for i in range(400)) + ";\n"
@@ -55,7 +56,7 @@ def all_files(root: Path) -> set[str]:
 
 def test_a_mixed_repository_is_ingested_by_language_and_every_file_is_accounted_for(tmp_path):
     repo = mixed_repo(tmp_path / "myrepo")
-    cfg = IngestConfig(sources=[SourceConfig(path=str(repo))], val_fraction=0.0)
+    cfg = IngestConfig(sources=[FolderSource(path=str(repo))], val_fraction=0.0)
     out = tmp_path / "out"
     run_ingest(cfg, out)
     corpus = read_split(out, "train")
@@ -80,11 +81,11 @@ def test_a_mixed_repository_is_ingested_by_language_and_every_file_is_accounted_
 
 
 def test_the_stdlib_source_keeps_its_own_defaults_and_a_named_folder_takes_every_language():
-    stdlib = SourceConfig()
+    stdlib = FolderSource()
     assert (stdlib.include, stdlib.exclude) == (STDLIB_INCLUDE, STDLIB_EXCLUDES)
-    assert SourceConfig.model_validate(stdlib.model_dump()).digest_config() == stdlib.digest_config()
-    assert SourceConfig(exclude=[]).exclude == [] and SourceConfig(include=["**/*.pyi"]).include == ["**/*.pyi"]
-    named = SourceConfig(path="~/src/myrepo")
+    assert source_config(**stdlib.model_dump()).digest_config() == stdlib.digest_config()
+    assert FolderSource(exclude=[]).exclude == [] and FolderSource(include=["**/*.pyi"]).include == ["**/*.pyi"]
+    named = FolderSource(path="~/src/myrepo")
     assert named.include is None and "test/**" not in named.exclude
     assert folder_rules(named, DEFAULT_LANGUAGES).includes("web/src/greet.ts")
     assert not folder_rules(stdlib, DEFAULT_LANGUAGES).includes("web/src/greet.ts")
@@ -92,14 +93,14 @@ def test_the_stdlib_source_keeps_its_own_defaults_and_a_named_folder_takes_every
 
 def test_plan_counts_the_files_by_language_as_the_ingest_will_read_them(tmp_path):
     repo = mixed_repo(tmp_path / "myrepo")
-    survey = survey_source(SourceConfig(path=str(repo)), DEFAULT_LANGUAGES)
+    survey = survey_source(FolderSource(path=str(repo)), DEFAULT_LANGUAGES)
     assert survey.files == 8
     assert survey.languages == (("python", 3), ("go", 1), ("javascript", 1), ("markdown", 1), ("rust", 1),
                                 ("typescript", 1))
     assert dict(survey.passed_over) == {"skipped_dir": 3, "excluded": 2, "not_included": 2}
     assert survey_lines(survey)[-1] == ("    left out: 3 folders in skip_dirs, 2 files excluded, "
                                         "2 files with no language")
-    python_only = survey_source(SourceConfig(path=str(repo), include=["**/*.py"]), DEFAULT_LANGUAGES)
+    python_only = survey_source(FolderSource(path=str(repo), include=["**/*.py"]), DEFAULT_LANGUAGES)
     assert python_only.languages == (("python", 3),) and "not in include" in survey_lines(python_only)[-1]
     result = CliRunner().invoke(app, ["plan", "--source", str(repo), "--store", str(tmp_path / "store"),
                                       "--until", "ingest"])

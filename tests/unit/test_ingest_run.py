@@ -5,10 +5,14 @@ import json
 import polars as pl
 import pytest
 
-from codemill.data.config import IngestConfig, SourceConfig
+from codemill.data.config import IngestConfig
 from codemill.data.corpus import read_split
 from codemill.data.ingest import DirChunkCache, diff_ledgers, run_ingest
 from codemill.data.sources import SourceError, plan_chunks, read_chunk
+from codemill.data.sources.folder import FolderSource
+from codemill.data.sources.hf import HfDiskSource, HfHubSource
+from codemill.data.sources.jsonl import JsonlSource
+from codemill.data.sources.parquet import ParquetSource
 
 BODY = "\n".join(f"def f{i}(x):\n    y = x * {i} + {i * 7}\n    return y - {i}\n" for i in range(12))
 
@@ -47,9 +51,9 @@ def test_every_row_is_accounted_for_across_source_kinds(tmp_path):
     pl.DataFrame({"code": [module(200 + i) for i in range(3)] + [module(1)],
                   "path": [f"p{i}.py" for i in range(4)], "repo": ["prepo"] * 4}).write_parquet(parquet)
     cfg = IngestConfig(sources=[
-        SourceConfig(path=str(folder), exclude=[]),
-        SourceConfig(kind="jsonl", path=str(jsonl), content_column="text", path_column="file", repo_column="project"),
-        SourceConfig(kind="parquet", path=str(parquet), content_column="code"),
+        FolderSource(path=str(folder), exclude=[]),
+        JsonlSource(path=str(jsonl), content_column="text", path_column="file", repo_column="project"),
+        ParquetSource(path=str(parquet), content_column="code"),
     ], val_fraction=0.4, split_unit="repository", chunk_files=4)
     out = tmp_path / "out"
     st = run_ingest(cfg, out)
@@ -80,7 +84,7 @@ def test_shards_do_not_depend_on_chunking_and_reruns_reuse_chunks(tmp_path):
     cache = DirChunkCache(str(tmp_path / "cache"))
 
     def run(name, chunk_files, c=cache):
-        cfg = IngestConfig(sources=[SourceConfig(path=str(folder))], chunk_files=chunk_files, shard_max_rows=25)
+        cfg = IngestConfig(sources=[FolderSource(path=str(folder))], chunk_files=chunk_files, shard_max_rows=25)
         return run_ingest(cfg, tmp_path / name, cache=c)
 
     a, b = run("a", 4), run("b", 64, DirChunkCache(str(tmp_path / "other")))
@@ -109,42 +113,42 @@ def test_hf_datasets_from_disk_and_by_path(tmp_path, monkeypatch):
     datasets.DatasetDict({"train": ds, "test": ds.select(range(2))}).save_to_disk(str(tmp_path / "saved"))
     (tmp_path / "hub-like").mkdir()
     ds.to_json(str(tmp_path / "hub-like" / "train.jsonl"))
-    for src in (SourceConfig(kind="hf_disk", path=str(tmp_path / "saved")),
-                SourceConfig(kind="hf_disk", path=str(tmp_path / "saved"), hf_split="test"),
-                SourceConfig(kind="hf_hub", path=str(tmp_path / "hub-like"))):
+    for src in (HfDiskSource(path=str(tmp_path / "saved")),
+                HfDiskSource(path=str(tmp_path / "saved"), hf_split="test"),
+                HfHubSource(path=str(tmp_path / "hub-like"))):
         rows = pl.concat([read_chunk(s, 10**6) for s in plan_chunks(0, src, chunk_files=2)])
         assert rows["path"].to_list() == [f"d{i}.py" for i in range(rows.height)]
         assert rows.height == (2 if src.hf_split == "test" else 5) and rows["reason"].null_count() == rows.height
     with pytest.raises(SourceError, match="no split 'valid'"):
-        plan_chunks(0, SourceConfig(kind="hf_disk", path=str(tmp_path / "saved"), hf_split="valid"), 2)
+        plan_chunks(0, HfDiskSource(path=str(tmp_path / "saved"), hf_split="valid"), 2)
     with pytest.raises(SourceError, match="no column 'code'"):
-        plan_chunks(0, SourceConfig(kind="hf_disk", path=str(tmp_path / "saved"), content_column="code"), 2)
+        plan_chunks(0, HfDiskSource(path=str(tmp_path / "saved"), content_column="code"), 2)
 
 
 def test_bad_table_sources_fail_naming_the_source_and_the_problem(tmp_path):
     bad = tmp_path / "broken.parquet"
     bad.write_bytes(b"PAR1 this is not parquet")
     with pytest.raises(SourceError, match=r"broken\.parquet is not a readable Parquet file"):
-        plan_chunks(0, SourceConfig(kind="parquet", path=str(bad)), 10)
+        plan_chunks(0, ParquetSource(path=str(bad)), 10)
     good = tmp_path / "good.parquet"
     pl.DataFrame({"text": ["x = 1\n"]}).write_parquet(good)
     with pytest.raises(SourceError, match=r"no column 'content' \(columns: text\)"):
-        plan_chunks(0, SourceConfig(kind="parquet", path=str(good)), 10)
+        plan_chunks(0, ParquetSource(path=str(good)), 10)
     with pytest.raises(SourceError, match="path does not exist"):
-        plan_chunks(0, SourceConfig(kind="jsonl", path=str(tmp_path / "missing.jsonl")), 10)
+        plan_chunks(0, JsonlSource(path=str(tmp_path / "missing.jsonl")), 10)
     j = tmp_path / "rows.jsonl"
     j.write_text('{"text": "x = 1"}\n')
     with pytest.raises(SourceError, match="no field 'content'"):
-        read_chunk(plan_chunks(0, SourceConfig(kind="jsonl", path=str(j)), 10)[0], 10**6)
+        read_chunk(plan_chunks(0, JsonlSource(path=str(j)), 10)[0], 10**6)
 
 
 def test_jsonl_byte_ranges_split_on_line_boundaries(tmp_path, monkeypatch):
-    import codemill.data.sources as sources
+    import codemill.data.sources.jsonl as jsonl
 
     j = tmp_path / "rows.jsonl"
     j.write_text("".join(json.dumps({"content": f"x = {i}\n", "path": f"f{i}.py"}) + "\n" for i in range(100)))
-    monkeypatch.setattr(sources, "JSONL_RANGE_BYTES", 97)  # ranges end mid-line
-    specs = plan_chunks(0, SourceConfig(kind="jsonl", path=str(j)), 10)
+    monkeypatch.setattr(jsonl, "JSONL_RANGE_BYTES", 97)  # ranges end mid-line
+    specs = plan_chunks(0, JsonlSource(path=str(j)), 10)
     rows = pl.concat([read_chunk(s, 10**6) for s in specs])
     assert len(specs) > 10 and rows["path"].to_list() == [f"f{i}.py" for i in range(100)]
 
@@ -162,7 +166,7 @@ def test_a_link_inside_the_root_is_read_and_its_content_enters_the_corpus_once(t
     (tmp_path / "outside.py").write_text(module(88))
     os.symlink(tmp_path / "outside.py", folder / "escape.py")
     out = tmp_path / "out"
-    st = run_ingest(IngestConfig(sources=[SourceConfig(path=str(folder), exclude=[])], near_dedup={"enabled": False}),
+    st = run_ingest(IngestConfig(sources=[FolderSource(path=str(folder), exclude=[])], near_dedup={"enabled": False}),
                     out)
     assert st["rejected_by_reason"] == {"exact_duplicate": 1, "symlink_outside_root": 1}
     assert {"step": "read", "reason": "symlink_outside_root", "files": 1, "bytes": 0} in st["steps"]
@@ -180,7 +184,7 @@ def test_output_is_the_same_for_any_worker_count(tmp_path):
     (folder / "pkg2" / "keys.py").write_text(module(50) + 'OWNER = "a.b@corp.io"\n')
 
     def run(name, workers):
-        cfg = IngestConfig(sources=[SourceConfig(path=str(folder))], chunk_files=4, shard_max_rows=7,
+        cfg = IngestConfig(sources=[FolderSource(path=str(folder))], chunk_files=4, shard_max_rows=7,
                            workers=workers)
         st = run_ingest(cfg, tmp_path / name)
         return st, _frame(tmp_path / name, "files.parquet")
@@ -190,7 +194,7 @@ def test_output_is_the_same_for_any_worker_count(tmp_path):
     assert ledger1.equals(ledger3)
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "x = 1"}\n')
-    cfg = IngestConfig(sources=[SourceConfig(path=str(folder)), SourceConfig(kind="jsonl", path=str(bad))],
+    cfg = IngestConfig(sources=[FolderSource(path=str(folder)), JsonlSource(path=str(bad))],
                        chunk_files=4, workers=3)
     with pytest.raises(SourceError, match="no field 'content'"):
         run_ingest(cfg, tmp_path / "bad")

@@ -5,7 +5,7 @@ import subprocess
 import polars as pl
 import pytest
 
-from codemill.data.config import DEFAULT_LANGUAGES, SourceConfig
+from codemill.data.config import DEFAULT_LANGUAGES
 from codemill.data.filters import language_expr
 from codemill.data.folder_source import (
     FolderRules,
@@ -17,13 +17,13 @@ from codemill.data.folder_source import (
     git_commit,
     matches_any,
 )
-from codemill.data.sources import plan_chunks, read_chunk
+from codemill.data.sources import FolderSource, plan_chunks, read_chunk
 
 PY = FolderRules(include=("**/*.py",))
 
 
 def scan(root, include=("**/*.py",), max_bytes=10**6, **kw):
-    cfg = SourceConfig(path=str(root), repo="r", include=list(include), exclude=[], **kw)
+    cfg = FolderSource(path=str(root), repo="r", include=list(include), exclude=[], **kw)
     specs = plan_chunks(0, cfg, chunk_files=4)
     return pl.concat([read_chunk(s, max_bytes) for s in specs]).sort("path")
 
@@ -105,9 +105,9 @@ def test_vendored_build_and_virtualenv_folders_are_skipped(tmp_path):
 def test_chunks_are_cut_by_path_so_one_new_file_changes_one_chunk(tmp_path):
     for i in range(200):
         (tmp_path / f"m{i:03d}.py").write_text(f"x = {i}\n")
-    before = plan_chunks(0, SourceConfig(path=str(tmp_path)), chunk_files=8)
+    before = plan_chunks(0, FolderSource(path=str(tmp_path)), chunk_files=8)
     (tmp_path / "m100b.py").write_text("y = 1\n")
-    after = plan_chunks(0, SourceConfig(path=str(tmp_path)), chunk_files=8)
+    after = plan_chunks(0, FolderSource(path=str(tmp_path)), chunk_files=8)
     assert len(before) > 5
     changed = {c.items for c in after} - {c.items for c in before}
     assert len(changed) == 1 and "m100b.py" in next(iter(changed))
@@ -190,7 +190,7 @@ def test_a_path_swapped_for_a_way_out_after_planning_is_checked_when_opened(tmp_
     (root / "sub").mkdir(parents=True)
     (root / "a.py").write_text("a = 1\n")
     (root / "sub" / "secret.py").write_text("b = 2\n")
-    specs = plan_chunks(0, SourceConfig(path=str(root), repo="r", exclude=[]), chunk_files=4)
+    specs = plan_chunks(0, FolderSource(path=str(root), repo="r", exclude=[]), chunk_files=4)
     (root / "a.py").unlink()
     os.symlink(secret, root / "a.py")
     (root / "sub").rename(root / "sub-old")

@@ -7,7 +7,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from codemill.data.config import IngestConfig, SourceConfig
+from codemill.data.config import IngestConfig
 from codemill.data.dedup import resolve_duplicates
 from codemill.data.ingest import CHUNK_CODE_VERSION, INGEST_CODE_VERSION, prepare, run_ingest
 from codemill.data.minhash import (
@@ -24,6 +24,7 @@ from codemill.data.minhash import (
     sketch,
 )
 from codemill.data.shingles import ngram_hashes
+from codemill.data.sources import FolderSource
 
 VOCAB = [f"w{i}" for i in range(20000)]
 
@@ -177,7 +178,7 @@ def test_the_algorithm_is_versioned_in_the_digests_and_the_manifest(tmp_path):
     (folder / "a.py").write_text(lines(words))
     (folder / "b.py").write_text(lines(_edit(rng, words, 2)))
     (folder / "c.py").write_text(lines(_doc(rng, 400)))
-    cfg = IngestConfig(sources=[SourceConfig(path=str(folder), exclude=[])], decontamination={"enabled": False})
+    cfg = IngestConfig(sources=[FolderSource(path=str(folder), exclude=[])], decontamination={"enabled": False})
     st = run_ingest(cfg, tmp_path / "out")
     assert st["near_dedup"]["algorithm"] == ALGORITHM and st["near_dedup"]["verified_at"] == pytest.approx(0.65)
     assert st["rejected_by_reason"] == {"near_duplicate": 1}

@@ -9,7 +9,7 @@ import importlib.util
 import re
 import types
 from pathlib import Path
-from typing import Any, Union, get_args, get_origin
+from typing import Annotated, Any, Union, get_args, get_origin
 
 import pytest
 import typer
@@ -23,7 +23,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _models(annotation: Any) -> list[tuple[str, type[BaseModel]]]:
-    """(path suffix, model) for each config model a field holds: itself, its list items, its union members."""
+    """(path suffix, model) for each config model a field holds: itself, its list items, its union members (a
+    discriminated union of list items is ``Annotated``)."""
+    if get_origin(annotation) is Annotated:
+        return _models(get_args(annotation)[0])
     if get_origin(annotation) in (Union, types.UnionType):
         return [m for a in get_args(annotation) if a is not type(None) for m in _models(a)]
     if get_origin(annotation) is list:
