@@ -40,7 +40,9 @@ class BuildContext:
 
 
 class RepoTaskSource(StageConfig):
-    """The base of a source kind's config (a ``kind: Literal[...]`` field names it)."""
+    """The base of a source kind's config (each kind narrows ``kind`` to its ``Literal``)."""
+
+    kind: str
 
     def fingerprint(self, index: int) -> list[dict[str, str]]:
         """What this source's tasks depend on, by content (``key``, ``kind``, ``name``, ``digest``, ``uri``); a
