@@ -1,6 +1,5 @@
-"""The training core every torchrun job here shares: supervised training (``models.trainer``) and the RL update
-(``rl.update``) differ in their batches and their loss, not in how they set up, wrap, optimise, checkpoint or
-resume.
+"""The training core of the one training loop (``models.trainer``): objectives (``models.objective``) differ in
+their batches and their loss, not in how they set up, wrap, optimise, checkpoint or resume.
 
 ``TrainingCore.start`` joins the process group on the configured device (deterministic algorithms on CPU, so a
 resumed run repeats the same arithmetic) and opens the job's checkpoint directory; ``attach`` wraps the model
@@ -13,7 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -22,22 +20,8 @@ import torch
 from codemill.models import parallel
 from codemill.models.checkpoint import Checkpointer, committed_steps
 from codemill.models.common import param_groups
+from codemill.models.objective import Optimization
 from codemill.models.schedule import lr_multiplier
-
-
-@dataclass(frozen=True)
-class Optimization:
-    """AdamW and its learning-rate schedule (``models.schedule.lr_multiplier``'s arguments)."""
-
-    lr: float
-    beta1: float
-    beta2: float
-    weight_decay: float
-    schedule: str
-    warmup_steps: int
-    total_steps: int
-    min_lr_ratio: float = 1.0
-    decay_fraction: float | None = None
 
 
 class TrainingCore:
