@@ -74,20 +74,22 @@ def wait_for_request(control: Path, seq: int) -> WorkerRequest | None:
 
 
 def serve(control: Path) -> None:
-    """A rank's life: updates in order until stop, the last one's policy kept for the next."""
-    from codemill.rl.update import GRPOUpdate
+    """A rank's life: updates in order until stop, each on the one training loop, the last one's policy kept for
+    the next."""
+    from codemill.models.trainer import Trainer
+    from codemill.rl.update import PolicyFolders, grpo_update
 
     kept: KeptPolicy | None = None
     seq = 0
     d = None
     while (request := wait_for_request(control, seq)) is not None:
         faulthandler.dump_traceback_later(max(1.0, request.timeout_s - 15), exit=False)
-        start = kept if kept is not None and kept.key == request.policy_key else None
-        job = GRPOUpdate(request.spec, kept=start)
-        job.run()
-        kept = job.keep(request.output_key)
-        d = job.d
-        del job
+        policy = PolicyFolders(request.spec, kept if kept is not None and kept.key == request.policy_key else None)
+        trainer = Trainer(grpo_update(request.spec, policy))
+        trainer.run()
+        kept = policy.keep(request.output_key)
+        d = trainer.d
+        del trainer, policy
         faulthandler.cancel_dump_traceback_later()
         if d.rank == 0:
             emit("served", seq=seq)

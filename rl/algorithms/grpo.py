@@ -1,5 +1,7 @@
-"""GRPO's pieces as pure functions: advantages, sample selection, per-token log-probs, the clipped loss, KL,
-entropy, loss aggregation and the step metrics. ``codemill.rl.update`` runs them under torchrun.
+"""GRPO: its pieces as pure functions (advantages, sample selection, per-token log-probs, the clipped loss, KL,
+entropy, loss aggregation, the step metrics), its objective on the one training loop (``GRPOObjective``: the
+samples of each step pulled from a ``StepSamples``, the policy read and written through a ``PolicyStore``), and
+the update rule the rl flow runs (``GRPO``: the job ``codemill.rl.update`` runs under torchrun).
 
 Sources, whose formulas these follow (differences are named where they occur):
 
@@ -21,23 +23,34 @@ the same in the sampler and here, so the importance ratio is exactly 1 before th
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
 import numpy as np
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from codemill.models import parallel
 from codemill.models.config import TrainConfig
+from codemill.models.objective import Finished, LoopSettings, MicroBatches, Optimization, RunPlan
 from codemill.rl.algorithms.base import UpdateInputs, UpdateJob
 from codemill.rl.config import GRPOConfig, RLConfig
 from codemill.rl.trajectory import TRUNCATED_REASONS
 
-__all__ = ["GRPO", "SUM_KEYS", "GRPOConfig", "LossAgg", "MicroBatch", "TokenTerms", "aggregate", "collate",
+if TYPE_CHECKING:
+    from codemill.models.core import TrainingCore
+    from codemill.models.parallel import Dist
+
+__all__ = ["GRPO", "SUMMARY", "SUM_KEYS", "GRPOConfig", "GRPOObjective", "LossAgg", "MicroBatch", "PolicyStore",
+           "RLUpdateSpec", "Sample", "StepSamples", "TokenTerms", "aggregate", "collate", "dealt",
            "dynamic_sampling_keep", "entropy_from_logits", "group_advantages", "kl_k3", "metrics_from_sums",
-           "overlong_keep", "ratio_extremes", "sequence_logprobs", "step_denominator", "token_sums", "token_terms",
-           "zero_variance_groups"]
+           "overlong_keep", "ratio_extremes", "sequence_logprobs", "step_denominator", "summarize", "token_sums",
+           "token_terms", "zero_variance_groups"]
 
 LossAgg = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 STD_EPS = 1e-6  # verl's epsilon (TRL uses 1e-4); only groups with non-zero std are divided
@@ -294,7 +307,298 @@ def metrics_from_sums(sums: Sequence[float]) -> dict[str, float]:
             "kl_old": d["kl_old"] / n, "kl_ref": d["kl_ref"] / n, "entropy": d["entropy"] / n}
 
 
+def dealt(count: int, rank: int, world: int, micro_batch: int) -> list[range]:
+    """The positions among a step's ``count`` samples that ``rank`` trains, cut into micro-batches: samples are
+    dealt to the ranks in turn (a short step still spreads over every rank), and every rank gets the same number
+    of micro-batches (some may be empty)."""
+    mine = range(rank, count, world)
+    micros = math.ceil(math.ceil(count / world) / micro_batch)
+    return [mine[m * micro_batch:(m + 1) * micro_batch] for m in range(micros)]
+
+
+def summarize(history: Sequence[dict[str, Any]], selection: dict[str, float]) -> dict[str, float]:
+    """The done line's metrics from the per-step records: token-weighted means for the token metrics, the mean
+    over steps for losses and grad norms, extremes for the ratio."""
+    out: dict[str, float] = {**selection, "steps": len(history)}
+    tokens = sum(h["tokens"] for h in history)
+    out["tokens"] = tokens
+    for key in ("kl", "kl_old", "kl_ref", "entropy", "clip_frac_low", "clip_frac_high", "ratio_mean"):
+        out[key] = sum(h[key] * h["tokens"] for h in history) / tokens if tokens else 0.0
+    for key in ("loss", "pg_loss", "grad_norm"):
+        out[key] = float(np.mean([h[key] for h in history])) if history else 0.0
+    out["grad_norm_max"] = max((h["grad_norm"] for h in history), default=0.0)
+    out["ratio_min"] = min((h["ratio_min"] for h in history), default=1.0)
+    out["ratio_max"] = max((h["ratio_max"] for h in history), default=1.0)
+    out["ratio_mean"] = out["ratio_mean"] if tokens else 1.0
+    out["lr"] = history[-1]["lr"] if history else 0.0
+    return out
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One episode as GRPO trains on it: its tokens, the sampler's log-probs, its group advantage."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]  # every token after the prompt: sampled (loss_mask 1) and observed (0)
+    logprobs: list[float]
+    advantage: float
+    loss_mask: list[int]
+
+    @property
+    def loss_tokens(self) -> int:
+        return sum(self.loss_mask)
+
+
+class StepSamples(Protocol):
+    """Where an update's samples come from, one optimizer step's worth at a time: an iteration's rollouts table
+    (``rl.update.RolloutSamples``), or, for asynchronous RL, a queue of scored groups."""
+
+    @property
+    def stats(self) -> dict[str, float]:
+        """What selecting the samples counted (the summary's selection metrics; docs/rl.md)."""
+        ...
+
+    @property
+    def max_new_tokens(self) -> int:
+        """Dr. GRPO's constant length normaliser."""
+        ...
+
+    @property
+    def top_token(self) -> int:
+        """The largest token id the samples hold (checked against the policy's vocabulary before training)."""
+        ...
+
+    def open(self, per_step: int) -> int | None:
+        """Read the samples for steps of ``per_step`` samples (every rank); the step count, None if open-ended."""
+        ...
+
+    def fingerprint(self, world: int) -> str:
+        """What a checkpoint of this update must match: the samples, the config and the world size."""
+        ...
+
+    def step(self, step: int) -> Sequence[Sample] | None:
+        """Every sample of step ``step`` (all ranks'), in order; None: no more steps."""
+        ...
+
+
+class PolicyStore(Protocol):
+    """Where an update's policy comes from and goes (``rl.update.PolicyFolders``)."""
+
+    @property
+    def from_memory(self) -> bool:
+        """The starting policy is held in memory (a long-lived worker's), not read from disk."""
+        ...
+
+    def load(self, d: Dist) -> torch.nn.Module:
+        """The starting policy on ``d.device``."""
+        ...
+
+    def carry_over(self, core: TrainingCore) -> None:
+        """The previous update's optimizer state (and weights, when held in memory) into the attached model."""
+        ...
+
+    def export(self, core: TrainingCore, summary: dict[str, Any]) -> None:
+        """The updated policy and its optimizer state, with ``summary`` (a collective; rank 0 writes)."""
+        ...
+
+    def unchanged(self, summary: dict[str, Any]) -> None:
+        """Rank 0, when nothing trained: the starting policy exported as it is, with ``summary``."""
+        ...
+
+
+class GRPOObjective:
+    """GRPO's objective on the one training loop: each step's samples pulled from ``samples`` (all ranks see the
+    whole step: the loss is normalised by its count across micro-batches and ranks, so micro-batching and
+    sharding do not change the gradient), dealt to the ranks, padded into micro-batches; the clipped loss with
+    the optional KL to a frozen reference and entropy bonus; one record per step (docs/rl.md for the metrics)."""
+
+    loss_metric: ClassVar[str] = "loss"
+    tracked = None  # the policy stage records the update's summary
+
+    def __init__(self, cfg: GRPOConfig, samples: StepSamples, policy: PolicyStore, ckpt_dir: str,
+                 reference_dir: str | None = None) -> None:
+        self.cfg, self.samples, self.policy, self.reference_dir = cfg, samples, policy, reference_dir
+        self.settings = LoopSettings(cfg.device, cfg.parallelism, cfg.dtype, cfg.grad_clip, ckpt_dir,
+                                     cfg.keep_checkpoints, cfg.checkpoint_every)
+        self.started = time.perf_counter()
+        self.history: list[dict[str, Any]] = []
+        self.start_step = 0
+        self.ref: torch.nn.Module | None = None
+
+    def open(self, d: Dist) -> RunPlan:
+        cfg = self.cfg
+        self.d = d
+        self.total = self.samples.open(d.world * cfg.micro_batch_size * cfg.grad_accum)
+        return RunPlan(self.total, Optimization(  # constant lr after the warmup
+            cfg.lr, cfg.beta1, cfg.beta2, cfg.weight_decay, "wsd", cfg.warmup_steps, self.total or 0,
+            min_lr_ratio=1.0), self.samples.fingerprint(d.world), "other rollouts, config or world size")
+
+    def build_model(self, d: Dist) -> torch.nn.Module:
+        model: Any = self.policy.load(d)
+        vocab = model.get_input_embeddings().num_embeddings
+        if self.samples.top_token >= vocab:
+            raise ValueError(f"the rollouts hold token id {self.samples.top_token} but the policy's vocabulary has "
+                             f"{vocab} entries: rollouts and policy_dir do not belong together")
+        pad = model.config.pad_token_id if model.config.pad_token_id is not None else model.config.eos_token_id
+        self.pad_id = int(pad[0] if isinstance(pad, list) else pad or 0)
+        return model
+
+    def attached(self, core: TrainingCore) -> None:
+        """The frozen reference (sharded like the policy under FSDP), then the previous update's state."""
+        from codemill.models.build import load_pretrained  # transformers: only where a model is loaded
+
+        cfg = self.cfg
+        if self.reference_dir is not None:
+            ref = load_pretrained(self.reference_dir, seed=cfg.seed).to(self.d.device).eval()
+            for p in ref.parameters():
+                p.requires_grad_(False)
+            self.ref = (parallel.wrap(ref, "fsdp", self.d, bf16=cfg.dtype == "bfloat16")
+                        if cfg.parallelism == "fsdp" else ref)
+        self.policy.carry_over(core)
+
+    def restore(self, saved: dict[str, Any]) -> None:
+        self.history = list(saved["history"])
+
+    def begin(self, start_step: int) -> dict[str, Any]:
+        self.start_step = start_step
+        return {"steps": self.total, "from_memory": self.policy.from_memory, **self.samples.stats}
+
+    def next_step(self, step: int) -> MicroBatches[MicroBatch] | None:
+        """This rank's micro-batches of the step; the step's denominator and metric sums start here."""
+        samples = self.samples.step(step)
+        if samples is None:
+            return None
+        self.step_samples = len(samples)
+        self.den = step_denominator(self.cfg.loss_agg, [s.loss_tokens for s in samples])
+        self.sums = torch.zeros(len(SUM_KEYS) + 2, dtype=torch.float64)  # + the loss and the policy loss
+        self.lo, self.hi = math.inf, -math.inf
+        micros = [[samples[i] for i in rows]
+                  for rows in dealt(len(samples), self.d.rank, self.d.world, self.cfg.micro_batch_size)]
+        return MicroBatches(len(micros), lambda m: self.micro_batch(micros[m]).to(self.d.device))
+
+    def micro_batch(self, samples: Sequence[Sample]) -> MicroBatch:
+        """This rank's samples, padded right; a rank with none this micro-step gets one masked dummy row, so every
+        rank runs the same forwards and backwards (the collectives stay in step)."""
+        if not samples:
+            return collate([[self.pad_id]], [[self.pad_id]], [[0.0]], [0.0], self.pad_id, trained=[False])
+        return collate([s.prompt_ids for s in samples], [s.completion_ids for s in samples],
+                       [s.logprobs for s in samples], [s.advantage for s in samples], self.pad_id,
+                       loss_masks=[s.loss_mask for s in samples])
+
+    def loss(self, module: torch.nn.Module, batch: MicroBatch) -> tuple[torch.Tensor, Any]:
+        """The aggregated loss times the world size: DDP / FSDP average gradients over ranks, and the
+        denominator already is the whole step's."""
+        cfg = self.cfg
+        logp, entropy = sequence_logprobs(module, batch.input_ids, batch.attention_mask, cfg.temperature,
+                                          batch.start, with_entropy=True, entropy_grad=cfg.entropy_coef > 0)
+        ref_logp = None
+        if self.ref is not None:
+            with torch.no_grad():
+                ref_logp, _ = sequence_logprobs(self.ref, batch.input_ids, batch.attention_mask, cfg.temperature,
+                                                batch.start)
+        terms = token_terms(logp, batch.old_logp, batch.advantages, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
+                            kl_coef=cfg.kl_coef, ref_logp=ref_logp, entropy=entropy, entropy_coef=cfg.entropy_coef)
+        loss = aggregate(terms.loss, batch.mask, cfg.loss_agg, max_new_tokens=self.samples.max_new_tokens,
+                         denominator=self.den)
+        return loss * self.d.world, (batch, terms, loss)
+
+    def account(self, seen: Any) -> None:
+        batch, terms, loss = seen
+        pg = aggregate(terms.pg_loss.detach(), batch.mask, self.cfg.loss_agg,
+                       max_new_tokens=self.samples.max_new_tokens, denominator=self.den)
+        self.sums += torch.cat([token_sums(terms, batch.mask).cpu(),
+                                torch.tensor([float(loss.detach()), float(pg)], dtype=torch.float64)])
+        r_lo, r_hi = ratio_extremes(terms, batch.mask)
+        if batch.mask.sum() > 0:
+            self.lo, self.hi = min(self.lo, r_lo), max(self.hi, r_hi)
+
+    def end_step(self, step: int, grad_norm: float, lr: float) -> dict[str, Any]:
+        """The step's record: its metrics reduced over ranks."""
+        sums, extremes = self.sums, torch.tensor([-self.lo, self.hi], dtype=torch.float64)
+        if self.d.distributed:  # on the process group's device (nccl reduces CUDA tensors only)
+            sums, extremes = sums.to(self.d.device), extremes.to(self.d.device)
+            dist.all_reduce(sums)
+            dist.all_reduce(extremes, op=dist.ReduceOp.MAX)
+            sums, extremes = sums.cpu(), extremes.cpu()
+        tok = metrics_from_sums(sums[:len(SUM_KEYS)].tolist())
+        kl = tok["kl_ref"] if self.ref is not None else tok["kl_old"]
+        record = {"step": step + 1, "max_steps": self.total, "loss": float(sums[-2]), "pg_loss": float(sums[-1]),
+                  "kl": kl, **tok, "ratio_min": float(-extremes[0]), "ratio_max": float(extremes[1]),
+                  "grad_norm": grad_norm, "lr": lr, "samples": self.step_samples}
+        self.history.append(record)
+        return record
+
+    def logged(self, record: dict[str, Any]) -> dict[str, float]:
+        return {k: v for k, v in record.items() if k not in ("step", "max_steps")}
+
+    def evaluate(self, step: int) -> dict[str, float]:
+        return {}
+
+    @property
+    def best_step(self) -> int | None:
+        return None
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        return {"history": list(self.history)}
+
+    def finish(self, core: TrainingCore | None) -> Finished:
+        """The updated policy exported with the summary; with no steps, the starting policy, and why."""
+        if core is None:
+            metrics = summarize([], self.samples.stats) | {"update_s": time.perf_counter() - self.started,
+                                                           "resumed_from": 0, "tokens_per_s": 0.0}
+            reason = skip_reason(self.samples.stats, self.cfg)
+            if self.d.rank == 0:
+                self.policy.unchanged({"metrics": metrics, "skipped": reason, "history": []})
+            return Finished({"metrics": metrics, "skipped": reason, "history": []},
+                            {"metrics": metrics, "skipped": reason})
+        metrics = summarize(self.history, self.samples.stats)
+        update_s = time.perf_counter() - self.started
+        ran = self.history[self.start_step:]
+        metrics |= {"update_s": update_s, "resumed_from": self.start_step,
+                    "tokens_per_s": sum(h["tokens"] for h in ran) / update_s}
+        summary = {"metrics": metrics, "history": self.history}
+        self.policy.export(core, summary)
+        return Finished(summary, {"metrics": metrics})
+
+
+def skip_reason(stats: dict[str, float], cfg: GRPOConfig) -> str:
+    """Why no sample survived the selection."""
+    if not stats["samples"]:
+        return "the rollouts table is empty"
+    if cfg.dynamic_sampling and stats["groups_dropped"] == stats["groups"]:
+        return "no group with distinct rewards survived dynamic sampling"
+    return "no sample left to train on after overlong masking"
+
+
 OPTIMIZER = "optimizer"  # a GRPO policy artifact's AdamW state, which the next iteration's update continues
+SUMMARY = "update_summary.json"  # beside the updated policy: the update's metrics and step records
+
+
+class RLUpdateSpec(BaseModel):
+    """What the rl flow's update task hands the GRPO update job (``codemill.rl.update``; written to SPEC.json)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    grpo: GRPOConfig
+    policy_dir: str = Field(description="HF folder (model + tokenizer): the sampling policy, the initial weights.")
+    reference_dir: str | None = Field(None, description="HF folder of the frozen KL reference; None = no KL term "
+                                                        "(kl_coef must then be 0).")
+    rollouts_path: str = Field(description="This iteration's rollouts.parquet (docs/rl.md#rollouts-table).")
+    out_dir: str = Field(description="Where the updated policy is exported (HF format), atomically.")
+    ckpt_dir: str = Field(description="Resumable DCP checkpoints of this update (scratch).")
+    max_new_tokens: int | None = Field(None, gt=0, description="The rollout's max_new_tokens: Dr. GRPO's constant "
+                                                               "normaliser; None = the longest completion.")
+    optimizer_in: str | None = Field(None, description="The previous update's optimizer state (a checkpoint "
+                                                       "folder written through optimizer_out); None = a fresh AdamW.")
+    optimizer_out: str | None = Field(None, description="Where the optimizer state after this update is saved "
+                                                        "(DCP), for the next iteration's update to continue from.")
+
+    @model_validator(mode="after")
+    def _kl_needs_a_reference(self) -> RLUpdateSpec:
+        """Refused before torchrun starts, not by every rank after it."""
+        if self.grpo.kl_coef and self.reference_dir is None:
+            raise ValueError("grpo.kl_coef > 0 needs a reference_dir (the frozen KL reference)")
+        return self
 
 
 class GRPO:
@@ -314,8 +618,6 @@ class GRPO:
 
     def job(self, inputs: UpdateInputs) -> UpdateJob:
         import json
-
-        from codemill.rl.update import SUMMARY, RLUpdateSpec
 
         grpo = self.launch_config(inputs.rl, inputs.train).model_copy(update={"seed": inputs.config["grpo"]["seed"]})
         previous = inputs.previous / OPTIMIZER if inputs.previous is not None else None
