@@ -54,4 +54,6 @@ KNOWN: list[tuple[str, str, str | None]] = [
     ("codemill.models.checkpoint", "CheckpointDirBusy", "another trainer holds this checkpoint folder; wait for "
                                                         "it or stop it"),
     ("codemill.store", "IncompleteArtifactError", "the artifact was never committed; rerun to rebuild it"),
+    ("codemill.store_claim", "ClaimWaitTimeout", "let that run finish or stop it; CODEMILL_STORE_WAIT_S sets how "
+                                                 "long a run waits (seconds)"),
 ]

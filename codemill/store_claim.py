@@ -160,7 +160,7 @@ def _precondition_failed(exc: BaseException) -> bool:
     return code in ("PreconditionFailed", "412")
 
 
-class _Lease:
+class S3Lease:
     """One S3 lease object: conditional create, heartbeat, takeover and release (s3fs calls)."""
 
     def __init__(self, fs: Any, path: str, run: str) -> None:
@@ -227,7 +227,7 @@ class _Lease:
 
 
 @contextmanager
-def _heartbeat(lease: _Lease, every_s: float) -> Iterator[None]:
+def _heartbeat(lease: S3Lease, every_s: float) -> Iterator[None]:
     stop = threading.Event()
 
     def run() -> None:
@@ -252,7 +252,7 @@ def s3_claim(fs: Any, path: str, label: str, run: str, wait_s: float, on_wait: O
              ) -> Iterator[Claim]:
     """Hold the S3 lease at ``path`` for the block, waiting at most ``wait_s`` for a live holder and
     ``stale_after_s`` past a dead holder's last heartbeat."""
-    lease = _Lease(fs, path, run)
+    lease = S3Lease(fs, path, run)
     waiting = _Waiting(label, wait_s, on_wait)
     seen: tuple[str, float] | None = None  # (ETag, when this waiter first saw it, on its own clock)
     took_over = None

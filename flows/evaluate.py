@@ -3,6 +3,8 @@ the gate against the champion that the pipeline and nightly flows share."""
 
 from __future__ import annotations
 
+import hashlib
+import re
 from datetime import UTC, datetime
 from typing import Any
 
@@ -25,8 +27,9 @@ from codemill.flows.hooks import record_failure_on_mlflow
 from codemill.flows.plan import config_recipe, plan_evaluations
 from codemill.lineage import Registry
 from codemill.lineage import tags as T
+from codemill.lineage.check import absolute_tracking_uri
 from codemill.store import MANIFEST, ArtifactRef, ArtifactStore, Manifest
-from codemill.tasks.common import RunContext, StageResult
+from codemill.tasks.common import RunContext, StageResult, claimed
 from codemill.tasks.gate import gate_task
 from codemill.tasks.resolve_model import ResolvedModel, resolve_model
 
@@ -71,6 +74,21 @@ def gate_against_champion(ctx: RunContext, store: ArtifactStore, config: Pipelin
     if not config.gate.enabled:
         return None
     name = config.gate.registered_model or config.name
+    # One gate at a time per registered model: two runs gating the same candidate at once would each find no
+    # champion (or the old one) and register it twice. The second finds the first's verdict in the registry.
+    with claimed(ctx, store, "gate", registry_key(name, ctx.tracking_uri)):
+        return _gate(ctx, store, config, name, model, corpus, evals, seed_evals)
+
+
+def registry_key(name: str, tracking_uri: str) -> str:
+    """The gate's claim key for one registered model on one tracking server (a name safe as a file name)."""
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", name)
+    return f"{safe}-{hashlib.sha256(absolute_tracking_uri(tracking_uri).encode()).hexdigest()[:12]}"
+
+
+def _gate(ctx: RunContext, store: ArtifactStore, config: PipelineConfig, name: str, model: ResolvedModel,
+          corpus: ArtifactRef | None, evals: dict[str, StageResult],
+          seed_evals: dict[int, dict[str, StageResult]] | None) -> dict[str, Any]:
     champion = Registry(ctx.lineage(), name, config.gate.alias).champion()
     champion_evals = None
     calibration = None

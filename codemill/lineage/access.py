@@ -5,14 +5,18 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
 import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, cast
 
 from mlflow import MlflowClient
 
 from codemill.errors import UserFacingError
-from codemill.lineage.check import check_tracking_server
+from codemill.lineage.check import check_tracking_server, sqlite_file
 
 # A server run with MLflow's basic-auth app (deployments/mlflow/) answers 401 to a client without valid
 # credentials and 403 to an identity without the permission. Clients authenticate with MLflow's standard
@@ -83,8 +87,39 @@ class _GuardedClient:
 
 def guarded_client(tracking_uri: str) -> MlflowClient:
     """The client every codemill MLflow call goes through (lineage writes and the lineage reader)."""
-    return cast(MlflowClient, _GuardedClient(MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri),
-                                             tracking_uri))
+    with database_ready(tracking_uri):
+        client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)  # makes a SQLite file's tables
+    return cast(MlflowClient, _GuardedClient(client, tracking_uri))
+
+
+_ready: set[str] = set()  # the SQLite tracking URIs whose tables this process has seen made
+_ready_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def database_ready(tracking_uri: str) -> Iterator[None]:
+    """Around a process's first client of a SQLite tracking database, which creates MLflow's tables when they
+    are missing: two runs started together on a new file would both create them (``duplicate column name``),
+    so the first does it under an ``flock`` beside the file and the others wait and find them made. Once per
+    process and URI; servers and other databases make their own tables."""
+    path = sqlite_file(tracking_uri) if tracking_uri.startswith("sqlite:///") else None
+    if path is None or tracking_uri in _ready:
+        yield
+        return
+    with _ready_lock:
+        db = Path(path).absolute()
+        try:
+            db.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(db.parent / f".{db.name}.init.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError:  # a read-only folder: no tables can be made there, and MLflow's own error says so
+            yield
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+            _ready.add(tracking_uri)
+        finally:
+            os.close(fd)  # closing the descriptor releases the lock
 
 
 def check_credentials(tracking_uri: str) -> None:

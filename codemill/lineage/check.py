@@ -37,7 +37,7 @@ def check_tracking_server(tracking_uri: str, timeout: float = 10) -> None:
 MLFLOW_NAMED_TARGETS = ("databricks", "databricks-uc", "uc")  # tracking URIs without a scheme that are not paths
 
 
-def _sqlite_file(tracking_uri: str) -> str | None:
+def sqlite_file(tracking_uri: str) -> str | None:
     """The database file of a ``sqlite:///path`` URI; None for an in-memory database."""
     path = tracking_uri.removeprefix("sqlite:///")
     return None if path in ("", ":memory:") else path
@@ -48,7 +48,7 @@ def absolute_tracking_uri(tracking_uri: str) -> str:
     ``sqlite:///mlflow.db`` or file store made absolute; servers and absolute paths unchanged."""
     parsed = urllib.parse.urlparse(tracking_uri)
     if parsed.scheme == "sqlite":
-        path = _sqlite_file(tracking_uri)
+        path = sqlite_file(tracking_uri)
         if path is None or path.startswith("/"):
             return tracking_uri
         return f"sqlite:///{Path(path).absolute()}"
@@ -61,7 +61,7 @@ def check_local_tracking_store(tracking_uri: str) -> None:
     """A ``sqlite:///path`` or ``file:`` store: its folder must exist or be creatable, and be writable."""
     parsed = urllib.parse.urlparse(tracking_uri)
     if parsed.scheme == "sqlite":
-        path = _sqlite_file(tracking_uri)
+        path = sqlite_file(tracking_uri)
         if path is None:
             return
         folder = Path(path).parent

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from tests.integration.cpu_load import spinning
-from tests.integration.helpers import small_pipeline_config
+from tests.integration.helpers import quick_pipeline_config
 
 SPINNERS_PER_CORE = 4  # a busy machine: each sample shares its core with four processes that never sleep
 
@@ -18,12 +18,7 @@ def two_model_runs(corpus: Path, tmp: Path) -> dict[str, Any]:
     Evaluation is cut to bpb + completion on a few files (humaneval has its own tests)."""
     from codemill.flows.pipeline import pipeline
 
-    cfg = small_pipeline_config(corpus, tmp, max_steps=3)
-    cfg.evaluate.suites = ["bpb", "completion"]
-    cfg.evaluate.bpb.max_files = 12
-    cfg.evaluate.completion.max_files = 8
-    cfg.evaluate.completion.max_new_tokens = 8
-    cfg.evaluate.bootstrap_samples = 100
+    cfg = quick_pipeline_config(corpus, tmp)
     for m in cfg.gate.metrics:  # uncalibrated, one step more is within the default hold margin: the second model
         m.uncalibrated_margin = 0.0  # takes the alias on the item-level test alone, as these tests expect
     first = pipeline(config=cfg)

@@ -47,3 +47,15 @@ def small_pipeline_config(corpus: Path, tmp: Path, *, max_steps: int = 40, all_s
         cfg.evaluate.suites = ["bpb", "completion", "humaneval"]
         cfg.evaluate.humaneval.plus = False
     return cfg
+
+
+def quick_pipeline_config(corpus: Path, tmp: Path, *, max_steps: int = 3) -> PipelineConfig:
+    """``small_pipeline_config`` cut further, for tests of how runs behave rather than of what they score: a few
+    training steps, and bpb and completion on a few files."""
+    cfg = small_pipeline_config(corpus, tmp, max_steps=max_steps)
+    cfg.evaluate.suites = ["bpb", "completion"]
+    cfg.evaluate.bpb.max_files = 12
+    cfg.evaluate.completion.max_files = 8
+    cfg.evaluate.completion.max_new_tokens = 8
+    cfg.evaluate.bootstrap_samples = 100
+    return cfg

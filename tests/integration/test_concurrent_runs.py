@@ -1,95 +1,97 @@
-"""Two runs started at once on one store: both complete, the store verifies byte by byte, what they committed
-is byte-identical to what a run alone commits, and each run's MLflow record names the committed artifacts."""
+"""Runs that overlap on one store: two pipeline runs started together (the nightly schedule and a run from the
+UI) both succeed and build every stage once, the second waiting for the first and reusing what it commits; one
+champion is registered. On S3, commits are write-once and claims are leases that one run holds at a time."""
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
+from mlflow import MlflowClient
 from prefect.settings import PREFECT_API_URL
 
 from codemill.lineage import tags as T
 from codemill.lineage.read import LineageReader
 from codemill.store import ArtifactRef, ArtifactStore
-from tests.integration.helpers import small_pipeline_config
+from codemill.store_claim import Claim, ClaimOwner, S3Lease, s3_claim
+from tests.integration.helpers import quick_pipeline_config
 from tests.integration.store_checks import committed_artifacts, use_s3
 from tests.scratch import scratch_plan
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_harness")]
 ROOT = Path(__file__).resolve().parents[2]
-DATA_STAGES = ("ingest", "tokenizer", "tokenize")
-# The public pipeline flow up to tokenize, in its own process; prints what it returns (refs, statuses, run ids).
-RUN_DATA_STAGES = r"""
+# The public pipeline flow in its own process; prints what it returns (refs, statuses, run ids, the verdict).
+RUN_PIPELINE = r"""
 import json, sys
 from pathlib import Path
 from codemill.config import PipelineConfig
 from codemill.flows.pipeline import pipeline
-out = pipeline(config=PipelineConfig.model_validate_json(Path(sys.argv[1]).read_text()), until="tokenize")
+out = pipeline(config=PipelineConfig.model_validate_json(Path(sys.argv[1]).read_text()))
 sys.stdout.write("RESULT " + json.dumps(out) + "\n")
 """
 
 
-def _files(store: ArtifactStore, ref: ArtifactRef) -> dict[str, tuple[int, str]]:
-    return {f.path: (f.bytes, f.sha256) for f in store.read_manifest(ref).files}
-
-
-def test_two_concurrent_runs_on_one_store(small_corpus: Path, tmp_path: Path) -> None:
-    from codemill.flows.pipeline import pipeline
-
-    procs, configs = [], []
-    for k in range(2):
-        cfg = small_pipeline_config(small_corpus, tmp_path)
-        cfg.mlflow_tracking_uri = f"sqlite:///{tmp_path / f'mlflow-{k}.db'}"  # the race under test is the store's
-        cfg.ingest.chunk_files = 40  # several chunk artifacts, written by both runs at once
-        path = tmp_path / f"config-{k}.json"
-        path.write_text(cfg.model_dump_json())
-        configs.append(cfg)
-        env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value()}
-        procs.append(subprocess.Popen([sys.executable, "-c", RUN_DATA_STAGES, str(path)], cwd=ROOT,
-                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    results = []
+def _start_together(config: Path, runs: int) -> list[tuple[int, dict]]:
+    """``runs`` pipeline processes on one config, started at once: each one's pid and what its flow returned."""
+    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value()}
+    procs = [subprocess.Popen([sys.executable, "-c", RUN_PIPELINE, str(config)], cwd=ROOT, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(runs)]
+    out = []
     for p in procs:
-        out, _ = p.communicate(timeout=600)
-        assert p.returncode == 0, out[-4000:]
-        results.append(json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[7:]))
-    store_dir = tmp_path / "store"
-    store = ArtifactStore(str(store_dir))
-    committed = committed_artifacts(store)  # every file of every artifact is the one its manifest lists
-    assert len(committed) >= 4  # corpus, chunks, tokenizer, tokens
-    leftovers = list(store_dir.glob("*/.staging-*"))  # neither run left (or deleted the other's) staging
-    assert leftovers == []
+        text, _ = p.communicate(timeout=900)
+        assert p.returncode == 0, text[-4000:]
+        out.append((p.pid, json.loads(next(line for line in text.splitlines() if line.startswith("RESULT "))[7:])))
+    return out
 
-    # The same data stages run alone, afterwards, on a store of their own: the reference bytes.
-    solo_cfg = small_pipeline_config(small_corpus, tmp_path / "solo")
-    solo_cfg.ingest.chunk_files = 40
-    solo = pipeline(config=solo_cfg, until="tokenize")
-    solo_store = ArtifactStore(solo_cfg.store_root)
-    for stage in DATA_STAGES:
-        solo_ref = ArtifactRef.model_validate(solo["stages"][stage]["ref"])
-        for k, result in enumerate(results):
-            ref = ArtifactRef.model_validate(result["stages"][stage]["ref"])
-            manifest = store.read_manifest(ref)  # committed, under the digest the run reported
-            assert manifest.digest == ref.digest == solo_ref.digest, (stage, k)
-            assert _files(store, ref) == _files(solo_store, solo_ref), f"{stage}: run {k} committed other bytes"
-    assert len(list((store_dir / "ingest-chunks").glob("*/manifest.json"))) > 1  # several chunks were raced for
 
-    # Each run's own MLflow has a finished stage run for every committed artifact (whichever run wrote it),
-    # the run id the flow returned is that run, and the parent run names the same digests.
-    for k, (cfg, result) in enumerate(zip(configs, results, strict=True)):
-        reader = LineageReader(cfg.mlflow_tracking_uri)
-        parent = reader.run(result["parent_run_id"])
-        assert parent is not None and parent.info.status == "FINISHED", k
-        for stage in DATA_STAGES:
-            digest = result["stages"][stage]["ref"]["digest"]
-            assert parent.data.tags[T.stage_digest(stage)] == digest, (stage, k)
-            found = reader.stage_run(reader.experiment_ids(), stage, digest)
-            assert found is not None, f"run {k} ({result['stages'][stage]['status']}): no {stage} run in its MLflow"
-            assert found.info.status == "FINISHED", (stage, k)
-            assert reader.run(result["stages"][stage]["run_id"]) is not None, (stage, k, "run id of another DB")
+def test_two_pipeline_runs_at_once_build_every_stage_once(small_corpus: Path, tmp_path: Path) -> None:
+    cfg = quick_pipeline_config(small_corpus, tmp_path)  # one store, one SQLite MLflow for both
+    config = tmp_path / "config.json"
+    config.write_text(cfg.model_dump_json())
+    (pid_a, a), (pid_b, b) = _start_together(config, 2)
+    store = ArtifactStore(cfg.store_root)
+    committed_artifacts(store)  # every file of every artifact is the one its manifest lists
+    assert list(Path(cfg.store_root).glob("*/.staging-*")) == []
+    assert a["stages"].keys() == b["stages"].keys()
+    refs = {key: ArtifactRef.model_validate(a["stages"][key]["ref"]) for key in a["stages"]}
+    assert {k: r.digest for k, r in refs.items()} == {k: v["ref"]["digest"] for k, v in b["stages"].items()}
+
+    # One folder per artifact, and one run built each: the other found it in the store or waited for it.
+    for stage in {r.stage for r in refs.values()}:
+        folders = sorted(p.name for p in (Path(cfg.store_root) / stage).iterdir() if p.is_dir())
+        assert folders == sorted({f"{r.name}-{r.short}" for r in refs.values() if r.stage == stage}), stage
+    for key in refs:
+        statuses = sorted((a["stages"][key]["status"], b["stages"][key]["status"]))
+        assert statuses[1] == "ran" and statuses[0] in ("cached", "present"), (key, statuses)
+    waits = [(pid, result["stages"][key]["waited_for"]) for pid, result in ((pid_a, a), (pid_b, b))
+             for key in refs if result["stages"][key]["waited_for"]]
+    assert waits, "neither run waited for the other: the runs did not overlap"
+    for pid, owner in waits:  # the owner record names the other run's process
+        assert owner["pid"] == ({pid_a, pid_b} - {pid}).pop() and owner["host"] == socket.gethostname(), owner
+
+    # One MLflow stage run per artifact, one registered version, the champion; the second gate held.
+    client = MlflowClient(cfg.mlflow_tracking_uri)
+    experiment = client.get_experiment_by_name(cfg.name).experiment_id
+    for key, ref in refs.items():
+        runs = client.search_runs([experiment], f"tags.`{T.OUTPUT_DIGEST}` = '{ref.digest}' and "
+                                                f"tags.`{T.STAGE}` = '{ref.stage}'")
+        assert [r.info.status for r in runs] == ["FINISHED"], key
+        assert T.REREGISTERED not in runs[0].data.tags, key
+    versions = client.search_model_versions(f"name = '{cfg.name}'")
+    assert len(versions) == 1
+    assert client.get_model_version_by_alias(cfg.name, cfg.gate.alias).version == versions[0].version
+    assert sorted(r["gate"]["verdict"] for r in (a, b)) == ["hold", "promote"]
+    for result in (a, b):
+        parent = LineageReader(cfg.mlflow_tracking_uri).run(result["parent_run_id"])
+        assert parent is not None and parent.info.status == "FINISHED"
+        assert {k: parent.data.tags[T.stage_digest(k)] for k in refs} == {k: r.digest for k, r in refs.items()}
 
 
 def test_s3_commits_are_write_once(s3_endpoint: str, tmp_path: Path, monkeypatch) -> None:
@@ -111,3 +113,82 @@ def test_s3_commits_are_write_once(s3_endpoint: str, tmp_path: Path, monkeypatch
     assert kept.stats == {"writer": "b"}
     assert store.fs.cat(f"{ref.uri}/other-run-uploading.bin") == b"theirs"
     assert store.fs.cat(f"{ref.uri}/payload.bin") == b"A"
+
+
+FAST_LEASE = {"heartbeat_s": 0.2, "stale_after_s": 1.5, "poll_s": 0.1}  # seconds, so a test sees a lease go stale
+
+
+def _hold_s3(store: ArtifactStore, run: str, hold_s: float, spans: list[tuple[str, float, float]],
+             claims: dict[str, Claim]) -> None:
+    """One run's claim on the same S3 key: when it held it (its own clock) and what taking it went through."""
+    with s3_claim(store.fs, store.claim_path("stage", "thing-abc"), "stage/thing-abc", run, 30, lambda o: None,
+                  **FAST_LEASE) as claim:
+        start = time.monotonic()
+        time.sleep(hold_s)
+        spans.append((run, start, time.monotonic()))
+    claims[run] = claim
+
+
+def _run_all(targets: list[threading.Thread]) -> None:
+    for t in targets:
+        t.start()
+    for t in targets:
+        t.join(timeout=60)
+        assert not t.is_alive()
+
+
+def test_s3_claim_waits_for_a_live_holder_however_long_it_holds(s3_endpoint: str, tmp_path: Path, monkeypatch
+                                                                ) -> None:
+    """A holder's heartbeats keep its lease: a waiter whose staleness bound is shorter than the hold still waits
+    (it never takes a live holder's lease), then names the holder it waited for."""
+    store = ArtifactStore(use_s3(monkeypatch, s3_endpoint, "codemill-claim-live"), cache_dir=tmp_path / "cache")
+    spans: list[tuple[str, float, float]] = []
+    claims: dict[str, Claim] = {}
+    first = threading.Thread(target=_hold_s3, args=(store, "first", 3 * FAST_LEASE["stale_after_s"], spans, claims))
+    first.start()
+    deadline = time.monotonic() + 10
+    while not store.fs.exists(store.claim_path("stage", "thing-abc")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+        store.fs.invalidate_cache()
+    _run_all([threading.Thread(target=_hold_s3, args=(store, "second", 0.1, spans, claims))])
+    first.join()
+    assert [run for run, _, _ in spans] == ["first", "second"]
+    assert spans[0][2] <= spans[1][1]  # the second held it only after the first let go
+    second = claims["second"]
+    assert second.took_over is None and second.waited_for is not None and second.waited_for.run == "first"
+    store.fs.invalidate_cache()
+    assert not store.fs.exists(store.claim_path("stage", "thing-abc"))  # released: the lease object is gone
+
+
+def test_s3_claim_of_a_dead_holder_is_taken_over_by_one_waiter_at_a_time(s3_endpoint: str, tmp_path: Path,
+                                                                        monkeypatch) -> None:
+    """The lease a killed run left (no heartbeat any more) goes stale; of three runs waiting for it, exactly one
+    takes it over (a conditional write on the ETag they all saw) and names the dead run; the holds never overlap."""
+    store = ArtifactStore(use_s3(monkeypatch, s3_endpoint, "codemill-claim-dead"), cache_dir=tmp_path / "cache")
+    dead = ClaimOwner(run="run-that-died", pid=4242, host="elsewhere", since=time.time() - 600)
+    store.fs.pipe_file(store.claim_path("stage", "thing-abc"), dead.model_dump_json().encode())
+    spans: list[tuple[str, float, float]] = []
+    claims: dict[str, Claim] = {}
+    _run_all([threading.Thread(target=_hold_s3, args=(store, f"waiter-{k}", 0.3, spans, claims)) for k in range(3)])
+    spans.sort(key=lambda s: s[1])
+    assert all(a[2] <= b[1] for a, b in zip(spans, spans[1:], strict=False)), spans  # one holder at a time
+    took = {run: c.took_over.run for run, c in claims.items() if c.took_over is not None}
+    assert list(took.values()) == ["run-that-died"], claims
+    assert all(claims[run].waited_for is not None for run in claims)  # each waited, for the dead run or a waiter
+
+
+def test_s3_takeover_is_conditional_on_the_etag_the_waiters_saw(s3_endpoint: str, tmp_path: Path,
+                                                                monkeypatch) -> None:
+    """Two waiters that judged the same lease stale at the same moment: the first takeover wins, the second finds
+    the lease changed and keeps waiting (what keeps a takeover to one run however the waiters' polls line up)."""
+    store = ArtifactStore(use_s3(monkeypatch, s3_endpoint, "codemill-claim-etag"), cache_dir=tmp_path / "cache")
+    path = store.claim_path("stage", "thing-abc")
+    store.fs.pipe_file(path, ClaimOwner(run="run-that-died", pid=4242, host="elsewhere", since=0).model_dump_json()
+                       .encode())
+    first, second = S3Lease(store.fs, path, "first"), S3Lease(store.fs, path, "second")
+    seen = first.read()
+    assert seen is not None and seen[1] is not None and seen[1].run == "run-that-died"
+    assert first.take_over(seen[0]) is True
+    assert second.take_over(seen[0]) is False
+    now = second.read()
+    assert now is not None and now[1] is not None and now[1].run == "first"
