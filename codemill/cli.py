@@ -411,14 +411,14 @@ def evaluate(
 ) -> None:
     """Evaluate any model on the chosen suites, and gate it against the champion."""
     cfg = build_config(config, preset, None, None)
+    from codemill.evals.suites import REGISTRY
+
     if suite:
         cfg.evaluate.suites = _suites(suite)
     if samples:
         if not samples.is_file():
             raise typer.BadParameter(f"samples file not found: {samples}", param_hint="--samples")
-        cfg.evaluate.suites = ["humaneval"]
-    from codemill.evals.suites import REGISTRY
-
+        cfg.evaluate.suites = [s.name for s in REGISTRY.values() if s.scores_samples]  # those that score one
     for section in (s.config(cfg.evaluate) for s in REGISTRY.values()):  # every suite that runs model code
         if "unsafe_no_sandbox" in type(section).model_fields:
             section.unsafe_no_sandbox = unsafe_no_sandbox  # type: ignore[attr-defined]

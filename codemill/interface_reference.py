@@ -48,8 +48,8 @@ INTERFACES: dict[str, Interface] = {
     "suite": Interface(
         "Eval suite", "codemill.evals.suites.base", "codemill.evals.suites:REGISTRY", "codemill.evals.config:SuiteName",
         ("codemill.evals.suites.base:Suite", "codemill.evals.suites.base:SuiteRun",
-         "codemill.evals.suites.base:Metric", "codemill.evals.suites.base:SuiteData",
-         "codemill.evals.suites.base:EvalModel", "codemill.evals.gate:ItemScores",
+         "codemill.evals.suites.base:Metric", "codemill.evals.suites.base:Need",
+         "codemill.evals.suites.base:EvalModel", "codemill.evals.stats:ItemScores",
          "codemill.evals.suites.base:ci", "codemill.evals.suites.base:scores",
          "codemill.evals.suites.base:sampler_config")),
     "source": Interface(

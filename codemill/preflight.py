@@ -49,7 +49,7 @@ def needs_of(command: str, cfg: PipelineConfig, until: str = "evaluate") -> Need
     from codemill.evals import suites
 
     sandboxed_suites = any(suites.get(s).uses_sandbox(cfg.evaluate) for s in cfg.evaluate.suites)
-    repo_suite = "repo_tasks" in cfg.evaluate.suites
+    repo_suite = any(suites.get(s).uses_overlay for s in cfg.evaluate.suites)
     eval_vllm = "evaluate.engine" if suites.samples_with_vllm(cfg.evaluate) else None
     if command == "run":
         trains = until in ("train", "evaluate")

@@ -86,16 +86,27 @@ def gate_noise_table(gate: Mapping[str, Any]) -> list[str]:
 
 
 def unit_of(metric: str) -> str:
-    """The unit a metric's values are in, by its name (``_ms``: milliseconds); "" for scores and rates."""
-    return " ms" if metric.endswith("_ms") else ""
+    """The unit a metric's values are in, as its suite declares it (`` ms``); "" for scores and rates."""
+    from codemill.evals.suites import METRICS
+
+    known = METRICS.get(metric)
+    return f" {known.unit}" if known is not None and known.unit else ""
+
+
+def reading_of(metric: str) -> str:
+    """How to read a metric's difference beyond "+ = better", as its suite declares it; "" when obvious."""
+    from codemill.evals.suites import METRICS
+
+    known = METRICS.get(metric)
+    return known.reading if known is not None else ""
 
 
 def metric_lines(m: Mapping[str, Any], a: str = "candidate", b: str = "champion",
                  width: int = LOG_WIDTH) -> list[str]:
     """One gate metric in full (both noise components, p-values, MDE) as six lines, each wrapped at ``width``
     (for logs and terminals; --json has everything)."""
-    u = unit_of(m["metric"])
-    direction = f"+ = {a} better" + ("; ms, lower is faster" if u else "")
+    u, reading = unit_of(m["metric"]), reading_of(m["metric"])
+    direction = f"+ = {a} better" + (f"; {reading}" if reading else "")
     seed = (f"seed SD {num(m['seed_sd'])} ({m['n_seeds']} seeds)" if m.get("calibrated")
             else f"uncalibrated (hold below {m.get('hold_margin', 0.0):.3g})")
     if m.get("candidate_seeds", 1) > 1:
@@ -123,43 +134,35 @@ def comparison_text(result: Mapping[str, Any], width: int = LOG_WIDTH) -> str:
         lines += wrap(f"noise: calibrated ({result['calibration']})", width)
     else:
         lines += wrap("noise: uncalibrated (item-level SE only; no seed noise for b's recipe)", width)
-    if result.get("latency"):
-        lines += ["", *latency_table(result["latency"], width)]
+    lines += suite_sections(result, width)
     for m in result["metrics"]:
         lines += ["", *metric_lines(m, "a", "b", width)]
     return "\n".join(lines)
 
 
-LATENCY_ROWS = (("TTFT p50", "latency_ttft_p50_ms", "ms"), ("TTFT p95", "latency_ttft_p95_ms", "ms"),
-                ("per token p50", "latency_per_token_p50_ms", "ms"),
-                ("per token p95", "latency_per_token_p95_ms", "ms"), ("tokens/s", "latency_tokens_per_s", ""))
+def suite_sections(result: Mapping[str, Any], width: int = LOG_WIDTH) -> list[str]:
+    """The sections of ``codemill compare`` that suites print of their side-by-side summaries
+    (``Suite.compare_lines``; e.g. latency's two checkpoints on one machine), each after a blank line."""
+    from codemill.evals.suites import REGISTRY
 
-
-def latency_table(lat: Mapping[str, Any], width: int = LOG_WIDTH) -> list[str]:
-    """Two checkpoints' latency side by side (lower is better but for tokens/s), and where it was measured."""
-    on = lat.get("on") or {}
-    head = (f"latency, batch 1, {lat.get('prompts')} prompts x {lat.get('new_tokens')} new tokens, same machine: "
-            f"{on.get('device')} {on.get('dtype')}, {on.get('engine')} {on.get('engine_version')}, "
-            f"{on.get('threads')} threads")
-    lines = [*wrap(head, width), f"  {'':<16}{'a':>12}{'b':>12}{'a / b':>10}"]
-    for label, key, unit in LATENCY_ROWS:
-        va, vb = lat["a"].get(key), lat["b"].get(key)
-        if va is None or vb is None:
-            continue
-        ratio = f"{va / vb:>10.2f}" if vb else f"{'-':>10}"
-        lines.append(f"  {(label + (' ' + unit if unit else '')):<16}{va:>12.3f}{vb:>12.3f}{ratio}")
+    lines: list[str] = []
+    for suite in REGISTRY.values():
+        if suite.compare_lines is not None and result.get(suite.name):
+            lines += ["", *suite.compare_lines(result[suite.name], width)]
     return lines
 
 
-def latency_line(scores: Mapping[str, Any], device: str | None = None) -> str | None:
-    """The run summary's latency line, p50/p95 (None when the suite did not run); wrap it at 80 columns."""
-    s = scores
-    if "latency_ttft_p50_ms" not in s:
-        return None
-    line = f"latency p50/p95: TTFT {s['latency_ttft_p50_ms']:.2f}/{s['latency_ttft_p95_ms']:.2f} ms"
-    if "latency_per_token_p50_ms" in s:
-        line += f", per token {s['latency_per_token_p50_ms']:.2f}/{s['latency_per_token_p95_ms']:.2f} ms"
-    return line + f", {s['latency_tokens_per_s']:.0f} tok/s" + (f" on {device}" if device else "")
+def own_lines(scores: Mapping[str, Any], stages: Mapping[str, Any], width: int = LOG_WIDTH) -> list[str]:
+    """The run summary's lines of the suites that show themselves (``Suite.summary_line``; e.g. latency's
+    percentiles), from the run's scores and each one's step summary."""
+    from codemill.evals.suites import REGISTRY
+
+    lines: list[str] = []
+    for suite in REGISTRY.values():
+        if suite.summary_line is not None:
+            line = suite.summary_line(scores, (stages.get(f"eval:{suite.name}") or {}).get("summary") or {})
+            lines += wrap(line, width) if line else []
+    return lines
 
 
 def skipped_suites(stages: Mapping[str, Any]) -> dict[str, str]:
@@ -232,8 +235,8 @@ def stage_table(stages: Mapping[str, Any], root: str, width: int = LOG_WIDTH) ->
 
 
 def suite_lines(out: Mapping[str, Any], width: int = LOG_WIDTH) -> list[str]:
-    """One line per suite the run evaluated: its headline metric with the 95% CI; for latency its percentiles;
-    for a suite that did not apply to the model, why."""
+    """One line per suite the run evaluated: its headline metric with the 95% CI; the lines of the suites that
+    show themselves (latency's percentiles); for a suite that did not apply to the model, why."""
     from codemill.evals.suites import REGISTRY
 
     stages, scores = out["stages"], out["scores"]
@@ -249,17 +252,19 @@ def suite_lines(out: Mapping[str, Any], width: int = LOG_WIDTH) -> list[str]:
     cols = [Column("suite"), Column("headline metric"), Column("value", ">"), Column("95% CI")]
     lines = first_fitting([lambda: table(cols, rows), lambda: table(cols[1:], [r[1:] for r in rows])],
                           width) if rows else []
-    latency = latency_line(scores, ((stages.get("eval:latency") or {}).get("summary") or {}).get("device"))
-    if latency:
-        lines += wrap(latency, width)
+    lines += own_lines(scores, stages, width)
     for suite, reason in sorted(skipped.items()):
         lines += wrap(f"{suite}: skipped ({reason})", width)
     return lines
 
 
 def score_keys(scores: Mapping[str, Any]) -> list[str]:
-    """The scores a table lists: each metric once (its CI bounds go with it; latency has its own line)."""
-    return sorted(k for k in scores if "_ci_" not in k and not k.startswith("latency_"))
+    """The scores a table lists: each metric once (its CI bounds go with it), but for those of the suites with a
+    line of their own (``Suite.summary_line``)."""
+    from codemill.evals.suites import REGISTRY
+
+    own = tuple(k for s in REGISTRY.values() if s.summary_line is not None for k in s.summary_keys)
+    return sorted(k for k in scores if "_ci_" not in k and not k.startswith(own))
 
 
 def score_table(scores: Mapping[str, Any]) -> list[str]:

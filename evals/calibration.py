@@ -26,9 +26,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from codemill.evals.gate import ItemScores
 from codemill.evals.noise import SeedNoise, detectable, noise_model, seed_noise
-from codemill.evals.stats import paired_difference
+from codemill.evals.stats import ItemScores, paired_difference
 from codemill.hashing import stage_digest
 from codemill.store import ArtifactRef, ArtifactStore, Manifest
 

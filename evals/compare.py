@@ -56,7 +56,7 @@ def compare_models(reader: LineageReader, store: ArtifactStore, model_a: str, mo
     scores_b: dict[str, ItemScores] = {}
     used: dict[str, dict[str, Any]] = {}
     eval_config: dict[str, Any] = {}  # as EvalConfig.digest_config() has it, from b's eval manifests
-    side_by_side: dict[str, Any] = {}
+    side_by_side: dict[str, Any] = {}  # suite -> what it keeps of the pair (``Suite.side_by_side``)
     for suite in sorted(set(ea) & set(eb)):
         pair = paired(ea[suite], eb[suite])
         if pair is None:
@@ -67,8 +67,9 @@ def compare_models(reader: LineageReader, store: ArtifactStore, model_a: str, mo
         scores_b |= suites.item_scores(suite, rows[1])
         used[suite] = {"a": pair[0].digest, "b": pair[1].digest, "data": pair[0].inputs.get("data")}
         eval_config |= {suite: pair[1].config.get("suite"), "seed": pair[1].config.get("seed")}
-        if suite == "latency":  # paired only on the same machine (its identity is in the hashed config)
-            side_by_side = latency_side_by_side(pair[0], pair[1])
+        show = suites.get(suite).side_by_side
+        if show is not None:
+            side_by_side[suite] = show(pair[0], pair[1])
     common = sorted(set(scores_a) & set(scores_b))
     if not common:
         raise LineageError(f"{model_a} and {model_b} have no evaluation of one suite on the same data and config "
@@ -81,18 +82,7 @@ def compare_models(reader: LineageReader, store: ArtifactStore, model_a: str, mo
     return {"model_a": model_a, "model_b": model_b, "alpha": alpha, "verdict": verdict.verdict,
             "reason": verdict.reason, "calibrated": verdict.calibrated, "calibration": verdict.calibration,
             "evaluations": used, "metrics": verdict.as_dict()["metrics"],
-            **({"latency": side_by_side} if side_by_side else {})}
-
-
-LATENCY_KEYS = ("latency_ttft_p50_ms", "latency_ttft_p95_ms", "latency_per_token_p50_ms",
-                "latency_per_token_p95_ms", "latency_tokens_per_s")
-
-
-def latency_side_by_side(a: Manifest, b: Manifest) -> dict[str, Any]:
-    """The two latency summaries (a, b) and what they were measured on (one machine: they paired)."""
-    return {"a": {k: a.stats.get(k) for k in LATENCY_KEYS}, "b": {k: b.stats.get(k) for k in LATENCY_KEYS},
-            "on": {k: b.stats.get(k) for k in ("device", "dtype", "engine", "engine_version", "threads")},
-            "prompts": b.stats.get("prompts"), "new_tokens": b.stats.get("new_tokens")}
+            **side_by_side}
 
 
 def render_comparison(result: dict[str, Any], width: int = 80):

@@ -19,19 +19,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from codemill.evals.noise import SeedNoise, detectable, noise_model, one_sided_pvalues, t_quantile
-from codemill.evals.stats import PairedDifference, holm, mcnemar_exact, paired_difference
-
-
-@dataclass(frozen=True)
-class ItemScores:
-    """One metric's per-item values for one model: the metric is sum(values) / sum(weights)."""
-
-    item_ids: np.ndarray
-    values: np.ndarray
-    weights: np.ndarray
-    clusters: np.ndarray
-    higher_is_better: bool
-    binary: bool = False  # per-item pass/fail (greedy pass@1): McNemar applies
+from codemill.evals.stats import ItemScores, PairedDifference, holm, mcnemar_exact, paired_difference
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,8 @@ seeds (``train.seeds``), its training contributes s2 / N, from its own seeds' sp
 
 With no calibration for the champion's config the gate cannot know the seed noise; it then tests on the item
 SE alone but treats any difference smaller than a hold margin (``evals.preset_noise``: derived from the seed
-noise of the nearest shipped preset, never below ``UNCALIBRATED_MARGINS``) as no difference: a hold, never a
-promote or a regression.
+noise of the nearest shipped preset, never below the metric's floor, ``Metric.hold_margin`` in its suite) as no
+difference: a hold, never a promote or a regression.
 
 Minimum detectable effect (MDE): the smallest true difference the gate reports with probability ``power``
 (80%). A metric counts as better when its one-sided p-value is below alpha (Holm; its first step compares the
@@ -37,24 +37,20 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from codemill.evals import suites
+
 # The floors of the uncalibrated hold margins: with no calibration for the champion's config, differences
 # smaller than a hold margin are "no difference". The margin itself comes from the seed noise measured on the
 # nearest shipped preset (``evals.preset_noise.hold_margins``), scaled so that a seed-only retrain crosses it in
-# under 2.5% of runs; these floors apply where that is smaller, or where no preset measured the metric. Metrics
-# not named here get DEFAULT_UNCALIBRATED_MARGIN.
-UNCALIBRATED_MARGINS: dict[str, float] = {
-    "val_bpb": 0.12,
-    "completion_edit_similarity": 0.05,
-    "completion_exact_match": 0.05,
-    "humaneval_pass_at_1": 0.05,
-    "humaneval_infilling_pass_at_1": 0.05,
-}
-DEFAULT_UNCALIBRATED_MARGIN = 0.05
+# under 2.5% of runs; these floors apply where that is smaller, or where no preset measured the metric. Each
+# metric declares its floor (``Metric.hold_margin``); a metric no suite reports gets DEFAULT_UNCALIBRATED_MARGIN.
+UNCALIBRATED_MARGINS: dict[str, float] = {name: m.hold_margin for name, m in suites.METRICS.items()}
+DEFAULT_UNCALIBRATED_MARGIN = suites.DEFAULT_HOLD_MARGIN
 DEFAULT_POWER = 0.8
 
 
 def uncalibrated_margin(metric: str) -> float:
-    return UNCALIBRATED_MARGINS.get(metric, DEFAULT_UNCALIBRATED_MARGIN)
+    return suites.hold_margin(metric)
 
 
 @dataclass(frozen=True)

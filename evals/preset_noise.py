@@ -30,10 +30,11 @@ from importlib import resources
 from typing import Any
 
 from codemill.evals.noise import SeedNoise, uncalibrated_margin
-from codemill.evals.suites import SUITE_OF_METRIC
+from codemill.evals.suites import METRICS, SUITE_OF_METRIC
 from codemill.hashing import digest_of
 
 NOISE_SUFFIX = ".noise.json"
+YARDSTICKS = tuple(name for name, m in METRICS.items() if m.noise_yardstick)  # which preset is the noisiest
 FALSE_PROMOTION_RATE = 0.025  # a seed-only retrain exceeds one of the hold margins in at most this share of runs
 SD_CONFIDENCE = 0.95  # ... even when the true seed SD is at the upper end of this confidence interval
 
@@ -134,12 +135,13 @@ def distance(a: Mapping[str, Any], b: Mapping[str, Any]) -> int:
 
 def nearest(presets: list[PresetNoise], train: Mapping[str, Any] | None) -> PresetNoise | None:
     """The measured preset whose train config is closest to ``train`` (None: unknown config; then the one
-    with the largest seed SD on val_bpb, the conservative choice)."""
+    with the largest seed SD on the yardstick metrics, ``Metric.noise_yardstick``: the conservative choice)."""
     measured = [p for p in presets if p.metrics]
     if not measured:
         return None
     if train is None:
-        return max(measured, key=lambda p: p.metrics["val_bpb"].seed_sd if "val_bpb" in p.metrics else 0.0)
+        return max(measured, key=lambda p: max((p.metrics[m].seed_sd for m in YARDSTICKS if m in p.metrics),
+                                               default=0.0))
     return min(measured, key=lambda p: (distance(p.train, train), p.preset))
 
 

@@ -1,4 +1,5 @@
-"""Statistics for eval scores: bootstrap confidence intervals over items (files, problems)."""
+"""Statistics for eval scores: a metric's per-item scores, bootstrap confidence intervals over items (files,
+problems), paired differences and their tests."""
 
 from __future__ import annotations
 
@@ -6,6 +7,19 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+
+
+@dataclass(frozen=True)
+class ItemScores:
+    """One metric's per-item values for one model: the metric is sum(values) / sum(weights). What a suite makes
+    of its rows (``Suite.item_scores``) and what the gate and the seed-noise calibration pair item by item."""
+
+    item_ids: np.ndarray
+    values: np.ndarray
+    weights: np.ndarray
+    clusters: np.ndarray
+    higher_is_better: bool
+    binary: bool = False  # per-item pass/fail (greedy pass@1): McNemar applies
 
 
 @dataclass(frozen=True)

@@ -14,14 +14,19 @@ from typing import Any
 
 from codemill.config import PipelineConfig
 from codemill.data.config import TokenizeConfig
+from codemill.evals import suites
 from codemill.evals.calibration import recipe_of_plans
 from codemill.plan import PHASES, StagePlan, check_until
-from codemill.problems.plus.artifact import evaluation_config, plan_augment
+from codemill.problems.config import AugmentConfig
+from codemill.problems.plus.artifact import STAGE as AUGMENT_STAGE
+from codemill.problems.plus.artifact import plan_augment
+from codemill.repos.config import RepoTasksConfig
 from codemill.store import ArtifactRef, ArtifactStore
 from codemill.tasks.augment import augment_task
 from codemill.tasks.common import RunContext, StageResult
 from codemill.tasks.evaluate import evaluate_suite_task, plan_suite
 from codemill.tasks.ingest import ingest_task, plan_ingest
+from codemill.tasks.repo_tasks import STAGE as REPO_TASKS_STAGE
 from codemill.tasks.resolve_model import ResolvedModel, trained_model
 from codemill.tasks.tokenize import plan_tokenize, plan_tokenizer, tokenize_task, tokenizer_task
 from codemill.tasks.train import plan_train, train_task
@@ -74,7 +79,22 @@ def plan_pipeline(config: PipelineConfig, sources: list[dict], store: ArtifactSt
     return [s for s in steps if PHASES.index(s.phase) <= PHASES.index(until)]
 
 
-DATA_FOR_EVALS = ("augment", "repo_tasks")  # what evaluation steps read, planned beside them
+def augment_steps(cfg: AugmentConfig) -> list[Step]:
+    """The augment step: HumanEval's augmented tests."""
+    return [Step(AUGMENT_STAGE, "evaluate", plan_augment(cfg), augment_task, {"cfg": cfg})]
+
+
+def repo_task_steps(cfg: RepoTasksConfig) -> list[Step]:
+    """The repository task set, built (or found in the store) in the evaluate phase."""
+    from codemill.flows.repo_tasks import repo_task_steps as planned  # it imports Step from here
+
+    return [replace(s, phase="evaluate") for s in planned(cfg)]
+
+
+# The steps a suite can need before it (``Suite.needs``), by stage: each plans them from the stage's config.
+NEEDED_STEPS: dict[str, Callable[[Any], list[Step]]] = {AUGMENT_STAGE: augment_steps,
+                                                         REPO_TASKS_STAGE: repo_task_steps}
+DATA_FOR_EVALS = tuple(NEEDED_STEPS)  # what evaluation steps read, planned beside them
 
 
 def extra_seeds(config: PipelineConfig) -> list[int]:
@@ -120,37 +140,39 @@ def config_recipe(config: PipelineConfig) -> dict[str, Any]:
 def plan_evaluations(config: PipelineConfig, model: ArtifactRef, corpus: ArtifactRef | None,
                      samples_file: str | None = None, bind: Binder | None = None,
                      resolved: ResolvedModel | None = None, store: ArtifactStore | None = None) -> list[Step]:
-    """One step per configured suite, after the augment step when the humaneval suite judges with augmented
-    tests (``humaneval.plus``; its artifact is the suite's ``plus`` input). The model is known by its ref when
-    planning; the task also needs its LoggedModel id and HF folder, given directly (``resolved``) or once
-    training ran (``bind``)."""
+    """One step per configured suite, after the steps the suites need (``Suite.needs``: e.g. HumanEval's
+    augmented tests with ``humaneval.plus``, whose artifact is that suite's ``plus`` input). The model is known
+    by its ref when planning; the task also needs its LoggedModel id and HF folder, given directly
+    (``resolved``) or once training ran (``bind``)."""
     if bind is None and resolved is None:
         raise ValueError("an evaluation step needs the resolved model or a way to bind it")
-    steps: list[Step] = []
-    plus = None
-    if "humaneval" in config.evaluate.suites and config.evaluate.humaneval.plus:
-        aug_cfg = evaluation_config(config.augment, config.evaluate.humaneval.max_problems)
-        augment = plan_augment(aug_cfg)  # HumanEval's augmented tests, planned before the suite that reads them
-        steps.append(Step("augment", "evaluate", augment, augment_task, {"cfg": aug_cfg}))
-        plus = (store or ArtifactStore(config.store_root)).ref_for(augment)
-    tasks = None
-    if "repo_tasks" in config.evaluate.suites:
-        from codemill.flows.repo_tasks import plan_repo_task_steps
-
-        if not config.repo_tasks.sources:
-            raise ValueError("evaluate.suites has repo_tasks, but repo_tasks.sources is empty: nothing to evaluate on")
-        # The held-out tasks, built (or found in the store) before the suite that reads them.
-        built = [replace(s, phase="evaluate") for s in plan_repo_task_steps(config)]
-        steps += built
-        tasks = (store or ArtifactStore(config.store_root)).ref_for(built[-1].plan)
+    steps, needed = needed_steps(config, store or ArtifactStore(config.store_root))
     for suite in config.evaluate.suites:
-        plan = plan_suite(suite, config.evaluate, model, corpus, samples_file if suite == "humaneval" else None,
-                          plus if suite == "humaneval" else None, tasks)
+        plan = plan_suite(suite, config.evaluate, model, corpus,
+                          samples_file if suites.get(suite).scores_samples else None, needed.get(suite))
         params: dict[str, Any] = {"cfg": config.evaluate}
         if resolved is not None:
             params["model"] = resolved
         steps.append(Step(f"eval:{suite}", "evaluate", plan, evaluate_suite_task, params, bind))
     return steps
+
+
+def needed_steps(config: PipelineConfig,
+                 store: ArtifactStore) -> tuple[list[Step], dict[str, dict[str, ArtifactRef]]]:
+    """The steps the configured suites need, in registry order, one step for a need that suites share; and
+    per suite, the refs of what they make by input name."""
+    steps: list[Step] = []
+    made: dict[tuple[str, str], ArtifactRef] = {}
+    needed: dict[str, dict[str, ArtifactRef]] = {}
+    for suite in (s for s in suites.REGISTRY.values() if s.name in config.evaluate.suites):
+        for need in suite.needs(config):
+            key = (need.stage, need.config.model_dump_json())
+            if key not in made:
+                built = NEEDED_STEPS[need.stage](need.config)
+                steps += built
+                made[key] = store.ref_for(built[-1].plan)
+            needed.setdefault(suite.name, {})[need.input] = made[key]
+    return steps, needed
 
 
 def describe(steps: list[Step], store: ArtifactStore) -> list[dict[str, Any]]:

@@ -14,13 +14,19 @@ from codemill.flows.common import execute, flow_result, flow_run_metrics, flow_r
 from codemill.flows.hooks import record_failure_on_mlflow, run_name_from, tag_current_flow_run
 from codemill.flows.plan import Step
 from codemill.lineage import tags as T
-from codemill.tasks.repo_tasks import fingerprint_repo_sources_task, plan_repo_tasks, repo_tasks_task
+from codemill.repos.config import RepoTasksConfig
+from codemill.tasks.repo_tasks import STAGE, fingerprint_repo_sources_task, plan_repo_tasks, repo_tasks_task
 
 
 def plan_repo_task_steps(config: PipelineConfig) -> list[Step]:
+    """The ``repo_tasks`` step of ``config``."""
+    return repo_task_steps(config.repo_tasks)
+
+
+def repo_task_steps(cfg: RepoTasksConfig) -> list[Step]:
     """The ``repo_tasks`` step, its sources' commits resolved and files hashed (the plan's inputs)."""
-    plan = plan_repo_tasks(config.repo_tasks, fingerprint_repo_sources_task(config.repo_tasks))
-    return [Step("repo_tasks", "repo_tasks", plan, repo_tasks_task, {"cfg": config.repo_tasks})]
+    plan = plan_repo_tasks(cfg, fingerprint_repo_sources_task(cfg))
+    return [Step(STAGE, STAGE, plan, repo_tasks_task, {"cfg": cfg})]
 
 
 def _run_name() -> str:

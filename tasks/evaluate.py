@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from prefect import get_run_logger
 
 from codemill import metrics, progress
-from codemill.evals import humaneval as he
 from codemill.evals import suites
 from codemill.evals.config import EvalConfig
 from codemill.evals.suites.base import SuiteRun
-from codemill.hashing import sha256_file
 from codemill.lineage import Lineage
 from codemill.lineage import tags as T
 from codemill.plan import StagePlan, file_input
@@ -23,7 +22,7 @@ from codemill.tasks.resolve_model import ResolvedModel
 
 STAGE = "evaluate"
 SUMMARY_KEYS = tuple(k for s in suites.REGISTRY.values() for k in s.summary_keys)
-DESCRIBED = ("engine", "device", "dtype")  # what a measurement ran on (latency), shown beside its numbers
+CORPUS_STAGE = "ingest"  # a suite whose data is a corpus scores its val split
 
 
 def val_dataset(corpus: ArtifactRef) -> ArtifactRef:
@@ -31,47 +30,38 @@ def val_dataset(corpus: ArtifactRef) -> ArtifactRef:
     return ArtifactRef(stage=corpus.stage, name="corpus-val", digest=corpus.digest, uri=f"{corpus.uri}/val")
 
 
-def humaneval_dataset() -> ArtifactRef:
-    path = he.problems_file()
-    return ArtifactRef(stage="benchmark", name="humaneval", digest=sha256_file(path), uri=str(path))
-
-
-def suite_data(suite: str, corpus: ArtifactRef | None, tasks: ArtifactRef | None = None) -> ArtifactRef:
-    """What a suite reads: HumanEval's problems file, the repository tasks, or the corpus (whose val split the
-    text suites score)."""
-    kind = suites.get(suite).data
-    if kind == "humaneval":
-        return humaneval_dataset()
-    if kind == "repo_tasks":
-        if tasks is None:
-            raise ValueError(f"suite {suite!r} needs repository tasks (config repo_tasks.sources)")
-        return tasks
+def suite_data(suite: str, corpus: ArtifactRef | None, needed: Mapping[str, ArtifactRef]) -> ArtifactRef:
+    """What a suite reads: what its needs built as ``data``, its own dataset (``Suite.dataset``), or the corpus
+    (whose val split the text suites score)."""
+    s = suites.get(suite)
+    if "data" in needed:
+        return needed["data"]
+    if s.dataset is not None:
+        return s.dataset()
     if corpus is None:
         raise ValueError(f"suite {suite!r} needs a corpus (its val split)")
     return corpus
 
 
-def logged_dataset(suite: str, data: ArtifactRef) -> ArtifactRef:
-    """The dataset the MLflow record names: the val split for the text suites, HumanEval and the repository
-    tasks as they are."""
-    return val_dataset(data) if suites.get(suite).data == "val" else data
+def logged_dataset(data: ArtifactRef) -> ArtifactRef:
+    """The dataset the MLflow record names: the val split of a corpus, any other data as it is."""
+    return val_dataset(data) if data.stage == CORPUS_STAGE else data
 
 
 def plan_suite(suite: str, cfg: EvalConfig, model: ArtifactRef, corpus: ArtifactRef | None,
-               samples_file: str | None = None, plus: ArtifactRef | None = None,
-               tasks: ArtifactRef | None = None) -> StagePlan:
+               samples_file: str | None = None, needed: Mapping[str, ArtifactRef] | None = None) -> StagePlan:
     """Digest over this suite's config (not the suite list), the model, the data, (when scoring a samples
-    file) its content and (humaneval with ``plus``) the augmented tests: evaluations of one suite pair whenever
-    these agree, whatever else ran beside them."""
+    file) its content and the artifacts of the steps it needs (``needed``: input name -> ref, e.g. HumanEval's
+    augmented tests): evaluations of one suite pair whenever these agree, whatever else ran beside them."""
     s = suites.get(suite)
     config = {"suite": s.config(cfg).digest_config(), **s.plan_config(cfg),
               **(suites.sampler_config(cfg) if s.generates else {}),
               "bootstrap_samples": cfg.bootstrap_samples, "confidence": cfg.confidence, "seed": cfg.seed}
-    inputs = {"model": model, "data": suite_data(suite, corpus, tasks)}
+    needed = needed or {}
+    inputs = {"model": model, "data": suite_data(suite, corpus, needed)}
     if samples_file:
         inputs["samples"] = file_input("samples", samples_file)
-    if plus is not None:
-        inputs["plus"] = plus
+    inputs |= {name: ref for name, ref in needed.items() if name != "data"}
     return StagePlan(stage=STAGE, name=suite, code_version=suites.SUITE_VERSIONS[suite], config=config,
                      inputs=inputs)
 
@@ -82,10 +72,10 @@ def metrics_of(stats: dict[str, Any]) -> dict[str, float]:
 
 
 def _summary(m: Manifest) -> dict[str, Any]:
-    """What the flow result keeps of an evaluation: its metrics, what it ran on (latency), or why the suite
-    skipped the model."""
+    """What the flow result keeps of an evaluation: its metrics, what it ran on (``Suite.described``), or why
+    the suite skipped the model."""
     skipped = {"skipped": m.stats["skipped"]} if m.stats.get("skipped") else {}
-    described = {k: m.stats[k] for k in DESCRIBED if isinstance(m.stats.get(k), str)}
+    described = {k: m.stats[k] for k in suites.get(m.stats["suite"]).described if isinstance(m.stats.get(k), str)}
     return {"suite": m.stats["suite"], "model_id": m.stats["model_id"], **described, **skipped,
             **metrics_of(m.stats)}
 
@@ -98,9 +88,9 @@ def _record(store: ArtifactStore, suite: str, model: ResolvedModel, data: Artifa
             lineage.tag(run_id, {T.SUITE_SKIPPED: str(m.stats["skipped"])[:5000]})
         if m.stats.get("unsafe_no_sandbox"):
             lineage.tag(run_id, {T.UNSAFE_NO_SANDBOX: "true"})
-        if m.stats.get("engine"):  # a measurement of the machine too (latency): say which, on the run
-            lineage.tag(run_id, {T.eval_setting(k): str(m.stats[k]) for k in (*DESCRIBED, "engine_version", "torch",
-                                                                              "threads") if k in m.stats})
+        ran_on = {T.eval_setting(k): str(m.stats[k]) for k in suites.get(suite).run_tags if k in m.stats}
+        if ran_on:  # a measurement of the machine too: say which, on the run
+            lineage.tag(run_id, ran_on)
         if m.stats.get("sandbox"):
             lineage.tag(run_id, {T.sandbox(k): v for k, v in m.stats["sandbox"].items()})
         rows = store.local_path(store.ref(m.stage, m.name, m.digest)) / suites.rows_file(suite)
@@ -130,7 +120,7 @@ def evaluate_suite_task(plan: StagePlan, ctx: RunContext, cfg: EvalConfig, model
 
     import torch  # here, not at the top: a no-change rerun only plans and skips, and torch takes seconds to load
 
-    data = logged_dataset(suite, plan.input("data"))
+    data = logged_dataset(plan.input("data"))
     gpus = 1 if torch.cuda.is_available() and not samples_file else 0  # suites.load_eval_model's device
     return run_stage(ctx, plan, produce, _record(store, suite, model, data), _summary, gpus=gpus,
                      system_metrics=True)
@@ -141,12 +131,10 @@ def _suite_run(store: ArtifactStore, plan: StagePlan, cfg: EvalConfig, model: Re
     data = plan.input("data")
     run = SuiteRun(cfg=cfg, hf_dir=Path(model.hf_dir), path=w.path,
                    samples_file=plan.inputs["samples"].uri if "samples" in plan.inputs else None, planned=plan.config)
-    if "plus" in plan.inputs:
-        run.plus_dir = store.local_path(plan.input("plus"))
-    if data.stage == "repo_tasks":
-        run.tasks_dir = store.local_path(data)
-    if data.stage == "ingest":  # a val suite: the corpus, whose split unit clusters its files
-        run.corpus_dir = store.local_path(data)
+    run.inputs = {name: store.local_path(ref) for name, ref in plan.inputs.items()
+                  if name != "model" and store.is_committed(ref)}  # the store's artifacts, not external files
+    if data.stage == CORPUS_STAGE:  # a val suite: the corpus, whose split unit clusters its files
+        run.corpus_dir = run.inputs["data"]
         run.split_unit = store.read_manifest(data).config.get("split_unit", "repository")
     return run
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import polars as pl
 
-from codemill.evals.gate import ItemScores
+from codemill.evals.stats import ItemScores
 from codemill.evals.suites import bpb, completion, humaneval, humaneval_infilling, latency, repo_tasks
 from codemill.evals.suites.base import (
     DEFAULT_HOLD_MARGIN,
@@ -32,8 +32,9 @@ SUITE_OF_METRIC: dict[str, str] = {m.name: s.name for s in REGISTRY.values() for
 # Every metric a suite reports, by name: its unit, direction and hold margin.
 METRICS: dict[str, Metric] = {m.name: m for s in REGISTRY.values() for m in s.metrics}
 
-__all__ = ["METRICS", "REGISTRY", "SUITE_OF_METRIC", "SUITE_VERSIONS", "EvalModel", "Metric", "Suite", "SuiteRun",
-           "get", "hold_margin", "item_scores", "load_eval_model", "load_val_files", "rows_file", "sampler_config", "samples_with_vllm"]
+__all__ = ["DEFAULT_HOLD_MARGIN", "METRICS", "REGISTRY", "SUITE_OF_METRIC", "SUITE_VERSIONS", "EvalModel", "Metric",
+           "Suite", "SuiteRun", "get", "hold_margin", "item_scores", "load_eval_model", "load_val_files", "rows_file",
+           "sampler_config", "samples_with_vllm"]
 
 
 def get(name: str) -> Suite:

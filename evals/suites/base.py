@@ -23,8 +23,7 @@ import numpy as np
 import polars as pl
 
 from codemill.data.corpus import read_split, split_key
-from codemill.evals.gate import ItemScores
-from codemill.evals.stats import bootstrap_ratio_ci
+from codemill.evals.stats import ItemScores, bootstrap_ratio_ci
 from codemill.stage_config import StageConfig
 from codemill.store import ArtifactRef, Manifest
 

@@ -7,7 +7,7 @@ import polars as pl
 from pydantic import Field
 
 from codemill.evals import completion as comp
-from codemill.evals.gate import ItemScores
+from codemill.evals.stats import ItemScores
 from codemill.evals.suites.base import Metric, Rows, Suite, SuiteRun, ci, scores
 from codemill.stage_config import StageConfig, runtime_only
 

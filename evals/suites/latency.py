@@ -8,6 +8,7 @@ measures again, and the task refuses to run where the plan was not made for (a w
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -16,10 +17,12 @@ from pydantic import Field
 
 from codemill.evals import completion as comp
 from codemill.evals import latency as lat
-from codemill.evals.gate import ItemScores
+from codemill.evals.stats import ItemScores
 from codemill.evals.suites.base import Metric, Rows, Suite, SuiteRun, scores
 from codemill.evals.suites.completion import completion_items
+from codemill.layout import LOG_WIDTH, wrap
 from codemill.stage_config import StageConfig
+from codemill.store import Manifest
 
 if TYPE_CHECKING:
     from codemill.evals.config import EvalConfig  # the section built from this registry
@@ -43,8 +46,13 @@ class LatencySuiteConfig(StageConfig):
 
 
 LATENCY_CODE_VERSION = "eval-latency-v1"
-TTFT = Metric("latency_ttft_ms", higher_is_better=False)  # per item: its time to first token
-PER_TOKEN = Metric("latency_per_token_ms", higher_is_better=False)  # per item: its mean decode step
+# Milliseconds, lower is better. Seed noise does not describe latency: the hold margin is the default's number.
+TTFT = Metric("latency_ttft_ms", higher_is_better=False, unit="ms",
+              reading="ms, lower is faster")  # per item: its time to first token
+PER_TOKEN = Metric("latency_per_token_ms", higher_is_better=False, unit="ms",
+                   reading="ms, lower is faster")  # per item: its mean decode step
+DESCRIBED = ("engine", "device", "dtype")  # what the numbers were measured on, kept beside them in a run's result
+RAN_ON = (*DESCRIBED, "engine_version", "torch", "threads")  # ... and tagged on the evaluate run
 
 
 def pick(n_items: int, n: int) -> list[int]:
@@ -99,5 +107,55 @@ def item_scores(rows: pl.DataFrame) -> dict[str, ItemScores]:
             PER_TOKEN.name: scores(rows, PER_TOKEN, "per_token_mean_ms", np.ones(rows.height))}
 
 
-SUITE = Suite("latency", LATENCY_CODE_VERSION, "val", run, item_scores, (TTFT, PER_TOKEN), logged=("latency_",),
-              plan_config=plan_config, settings=LatencySuiteConfig)
+def summary_line(scores: Mapping[str, Any], step: Mapping[str, Any]) -> str | None:
+    """The run summary's latency line, p50/p95 (None when the suite did not run), on the device its step ran
+    on; wrap it at 80 columns."""
+    return latency_line(scores, step.get("device"))
+
+
+def latency_line(scores: Mapping[str, Any], device: str | None = None) -> str | None:
+    """The latency line, p50/p95 (None when the suite did not run); wrap it at 80 columns."""
+    s = scores
+    if "latency_ttft_p50_ms" not in s:
+        return None
+    line = f"latency p50/p95: TTFT {s['latency_ttft_p50_ms']:.2f}/{s['latency_ttft_p95_ms']:.2f} ms"
+    if "latency_per_token_p50_ms" in s:
+        line += f", per token {s['latency_per_token_p50_ms']:.2f}/{s['latency_per_token_p95_ms']:.2f} ms"
+    return line + f", {s['latency_tokens_per_s']:.0f} tok/s" + (f" on {device}" if device else "")
+
+
+LATENCY_KEYS = ("latency_ttft_p50_ms", "latency_ttft_p95_ms", "latency_per_token_p50_ms",
+                "latency_per_token_p95_ms", "latency_tokens_per_s")
+
+
+def latency_side_by_side(a: Manifest, b: Manifest) -> dict[str, Any]:
+    """The two latency summaries (a, b) and what they were measured on (one machine: they paired)."""
+    return {"a": {k: a.stats.get(k) for k in LATENCY_KEYS}, "b": {k: b.stats.get(k) for k in LATENCY_KEYS},
+            "on": {k: b.stats.get(k) for k in ("device", "dtype", "engine", "engine_version", "threads")},
+            "prompts": b.stats.get("prompts"), "new_tokens": b.stats.get("new_tokens")}
+
+
+LATENCY_ROWS = (("TTFT p50", "latency_ttft_p50_ms", "ms"), ("TTFT p95", "latency_ttft_p95_ms", "ms"),
+                ("per token p50", "latency_per_token_p50_ms", "ms"),
+                ("per token p95", "latency_per_token_p95_ms", "ms"), ("tokens/s", "latency_tokens_per_s", ""))
+
+
+def latency_table(side: Mapping[str, Any], width: int = LOG_WIDTH) -> list[str]:
+    """Two checkpoints' latency side by side (lower is better but for tokens/s), and where it was measured."""
+    on = side.get("on") or {}
+    head = (f"latency, batch 1, {side.get('prompts')} prompts x {side.get('new_tokens')} new tokens, same machine: "
+            f"{on.get('device')} {on.get('dtype')}, {on.get('engine')} {on.get('engine_version')}, "
+            f"{on.get('threads')} threads")
+    lines = [*wrap(head, width), f"  {'':<16}{'a':>12}{'b':>12}{'a / b':>10}"]
+    for label, key, unit in LATENCY_ROWS:
+        va, vb = side["a"].get(key), side["b"].get(key)
+        if va is None or vb is None:
+            continue
+        ratio = f"{va / vb:>10.2f}" if vb else f"{'-':>10}"
+        lines.append(f"  {(label + (' ' + unit if unit else '')):<16}{va:>12.3f}{vb:>12.3f}{ratio}")
+    return lines
+
+
+SUITE = Suite("latency", LATENCY_CODE_VERSION, run, item_scores, (TTFT, PER_TOKEN), logged=("latency_",),
+              plan_config=plan_config, settings=LatencySuiteConfig, described=DESCRIBED, run_tags=RAN_ON,
+              summary_line=summary_line, side_by_side=latency_side_by_side, compare_lines=latency_table)

@@ -10,16 +10,19 @@ an agent's final diff; ``repo_tasks_limits_hit`` counts them.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import polars as pl
 from pydantic import Field
 
-from codemill.evals.gate import ItemScores
-from codemill.evals.suites.base import Metric, Rows, Suite, SuiteRun, ci, scores
+from codemill.evals.stats import ItemScores
+from codemill.evals.suites.base import Metric, Need, Rows, Suite, SuiteRun, ci, scores
 from codemill.rl.envs.repo import END_OF_TURN, RepoEnvConfig
 from codemill.stage_config import StageConfig
+
+if TYPE_CHECKING:
+    from codemill.config import PipelineConfig
 
 
 class RepoTasksSuiteConfig(StageConfig):
@@ -41,6 +44,14 @@ class RepoTasksSuiteConfig(StageConfig):
 PREFIX = "repo_tasks_"  # the summary's numbers: logged on the evaluation run and kept in the flow's result
 RESOLVED = Metric(f"{PREFIX}resolved", binary=True)
 REPO_TASKS_CODE_VERSION = "repo-tasks-suite-v1"
+TASKS_STAGE = "repo_tasks"  # the stage that builds the task set (``codemill repo-tasks build``), planned before
+
+
+def needs(config: PipelineConfig) -> tuple[Need, ...]:
+    """The task set of ``config.repo_tasks``, built (or found in the store) before the suite, as its ``data``."""
+    if not config.repo_tasks.sources:
+        raise ValueError("evaluate.suites has repo_tasks, but repo_tasks.sources is empty: nothing to evaluate on")
+    return (Need(TASKS_STAGE, config.repo_tasks, "data"),)
 
 
 def run(r: SuiteRun) -> Rows:
@@ -52,11 +63,12 @@ def run(r: SuiteRun) -> Rows:
     from codemill.rl.rollout import collect_rollouts
 
     c = r.cfg.repo_tasks
-    if r.tasks_dir is None:
+    tasks_dir = r.inputs.get("data")
+    if tasks_dir is None:
         raise ValueError("the repo_tasks suite needs a repo_tasks artifact (config repo_tasks)")
-    tasks = sorted(RepoEnv.read_tasks(r.tasks_dir, c.split), key=lambda t: t.problem_id)[:c.max_tasks]
+    tasks = sorted(RepoEnv.read_tasks(tasks_dir, c.split), key=lambda t: t.problem_id)[:c.max_tasks]
     if not tasks:
-        raise ValueError(f"{r.tasks_dir}: no {c.split} repository tasks to evaluate on")
+        raise ValueError(f"{tasks_dir}: no {c.split} repository tasks to evaluate on")
     params = RolloutParams(temperature=c.temperature, max_new_tokens=c.max_new_tokens, stop=(END_OF_TURN,))
     with r.model.engine(c.batch_size, c.context_len) as engine:
         ctx = EnvContext(None, engine.tokenizer, engine.max_context, c.max_new_tokens)
@@ -88,6 +100,6 @@ def item_scores(rows: pl.DataFrame) -> dict[str, ItemScores]:
     return {RESOLVED.name: scores(ordered, RESOLVED, "resolved_score")}
 
 
-SUITE = Suite("repo_tasks", REPO_TASKS_CODE_VERSION, "repo_tasks", run, item_scores, (RESOLVED,),
+SUITE = Suite("repo_tasks", REPO_TASKS_CODE_VERSION, run, item_scores, (RESOLVED,),
               logged=(PREFIX,), uses_sandbox=lambda cfg: True, generates=True,
-              settings=RepoTasksSuiteConfig, default=False)
+              settings=RepoTasksSuiteConfig, default=False, needs=needs, uses_overlay=True)

@@ -20,7 +20,7 @@ from pathlib import Path
 from codemill.config import load_preset
 from codemill.plan import StagePlan
 from codemill.problems.config import AugmentConfig
-from codemill.problems.plus.artifact import build_augmented, evaluation_config, plan_augment
+from codemill.problems.plus.artifact import STAGE, build_augmented, plan_augment
 from codemill.problems.plus.shipped import SHIPPED_DIR, pack_shipped
 from codemill.store import ArtifactStore
 
@@ -28,12 +28,16 @@ SHIPPED_PRESETS = ("tiny",)  # the default `codemill run`: its first run should 
 
 
 def preset_augment(preset: str) -> tuple[StagePlan, AugmentConfig] | None:
-    """The augment step a preset's evaluation plans (its plan and config), or None when it plans none."""
+    """The augment step a preset's evaluation plans (its plan and config), or None when it plans none: what a
+    configured suite needs of the augment stage (``Suite.needs``)."""
+    from codemill.evals.suites import REGISTRY  # this script's question, not the problems library's: no module deps
+
     cfg = load_preset(preset)
-    if "humaneval" not in cfg.evaluate.suites or not cfg.evaluate.humaneval.plus:
-        return None
-    aug = evaluation_config(cfg.augment, cfg.evaluate.humaneval.max_problems)
-    return plan_augment(aug), aug
+    for suite in (s for s in REGISTRY.values() if s.name in cfg.evaluate.suites):
+        for need in suite.needs(cfg):
+            if need.stage == STAGE and isinstance(need.config, AugmentConfig):
+                return plan_augment(need.config), need.config
+    return None
 
 
 def _say(t0: float) -> Callable[[str], None]:

@@ -14,7 +14,7 @@ from codemill.evals import latency as lat
 from codemill.evals import suites
 from codemill.evals.config import EvalConfig
 from codemill.evals.suites import latency as suite
-from codemill.report import LOG_WIDTH, comparison_text, latency_line, metric_lines, summary_lines
+from codemill.report import LOG_WIDTH, comparison_text, metric_lines, summary_lines
 
 MS = lat.NS_PER_MS
 
@@ -135,8 +135,8 @@ SCORES = {"latency_ttft_p50_ms": 3.25, "latency_ttft_p95_ms": 4.5, "latency_per_
 
 
 def test_the_run_summary_has_one_latency_line_under_80_columns():
-    assert latency_line({"val_bpb": 2.0}) is None
-    assert latency_line(SCORES, "cpu") == ("latency p50/p95: TTFT 3.25/4.50 ms, per token 0.81/1.20 ms, "
+    assert suite.latency_line({"val_bpb": 2.0}) is None
+    assert suite.latency_line(SCORES, "cpu") == ("latency p50/p95: TTFT 3.25/4.50 ms, per token 0.81/1.20 ms, "
                                            "1000 tok/s on cpu")
     stage = {"status": "ran", "cost": {"wall_s": 1.0}, "ref": {"name": "latency", "digest": "a" * 64},
              "summary": {"device": "cuda:0 NVIDIA H100 80GB HBM3"}}
@@ -173,7 +173,6 @@ def test_a_missing_decode_step_leaves_the_per_token_numbers_out():
 
 
 def test_compare_reads_both_summaries_and_the_machine_from_the_paired_manifests():
-    from codemill.evals.compare import latency_side_by_side
     from codemill.store import Manifest
 
     def manifest(ttft: float) -> Manifest:
@@ -183,6 +182,6 @@ def test_compare_reads_both_summaries_and_the_machine_from_the_paired_manifests(
                                "engine": "transformers", "engine_version": "5", "threads": 1, "prompts": 8,
                                "new_tokens": 16})
 
-    side = latency_side_by_side(manifest(2.0), manifest(4.0))
+    side = suite.latency_side_by_side(manifest(2.0), manifest(4.0))
     assert side["a"]["latency_ttft_p50_ms"] == 2.0 and side["b"]["latency_ttft_p50_ms"] == 4.0
     assert side["on"]["device"] == "cpu" and side["prompts"] == 8 and side["new_tokens"] == 16

@@ -19,7 +19,7 @@ def test_every_suite_name_is_registered_with_a_config_section_and_unique_metrics
     for name, suite in suites.REGISTRY.items():
         assert suite.name == name
         assert isinstance(suite.config(cfg), StageConfig)
-        assert suite.data in ("val", "humaneval", "repo_tasks")
+        assert all(m.hold_margin > 0 for m in suite.metrics)  # an uncalibrated gate holds tiny differences
 
 
 def test_the_default_suites_leave_out_the_one_that_needs_repository_tasks():
