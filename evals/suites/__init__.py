@@ -1,6 +1,7 @@
-"""The eval suites, by name. A suite is one module here that defines ``SUITE`` (``base.Suite``), a config
-section ``EvalConfig.<name>`` with its name in ``config.SuiteName``, and one line in ``REGISTRY`` below; the
-evaluate stage, the gate, ``codemill compare`` and the seed-noise calibration find it through this registry."""
+"""The eval suites, by name. A suite is one module here that defines ``SUITE`` (``base.Suite``, which names its
+config section, ``evaluate.<name>``), and its name in ``SUITE_MODULES`` below; the evaluate section, planning,
+the evaluate stage, the gate, ``codemill compare`` and the seed-noise calibration find it through this
+registry."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ from typing import TYPE_CHECKING
 import polars as pl
 
 from codemill.evals.stats import ItemScores
-from codemill.evals.suites import bpb, completion, humaneval, humaneval_infilling, latency, repo_tasks
 from codemill.evals.suites.base import (
     DEFAULT_HOLD_MARGIN,
     EvalModel,
@@ -20,12 +20,13 @@ from codemill.evals.suites.base import (
     load_val_files,
     sampler_config,
 )
+from codemill.registry import plugins
 
 if TYPE_CHECKING:
     from codemill.evals.config import EvalConfig  # the section built from this registry
 
-REGISTRY: dict[str, Suite] = {s.name: s for s in (bpb.SUITE, completion.SUITE, humaneval.SUITE,
-                                                 humaneval_infilling.SUITE, latency.SUITE, repo_tasks.SUITE)}
+SUITE_MODULES = ("bpb", "completion", "humaneval", "humaneval_infilling", "latency", "repo_tasks")
+REGISTRY: dict[str, Suite] = {s.name: s for s in plugins(__name__, SUITE_MODULES, "SUITE")}
 SUITE_VERSIONS: dict[str, str] = {name: s.code_version for name, s in REGISTRY.items()}
 # Which suite's rows a gate metric is scored from.
 SUITE_OF_METRIC: dict[str, str] = {m.name: s.name for s in REGISTRY.values() for m in s.metrics}
