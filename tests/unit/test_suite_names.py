@@ -23,7 +23,8 @@ from codemill.evals.suites import REGISTRY, Suite
 
 PACKAGE = Path(__file__).resolve().parents[2] / "codemill"
 # Config text that must list the names: the gate's default metrics and the description of a gate metric's name.
-LISTS = {"config.py"}
+LISTS = {"gate/config.py"}
+REGISTRATION = "SUITE_MODULES"  # the registry's one line of module names (``evals/suites/__init__.py``)
 SHARED = {"config", "stats", "suites"}  # what every suite imports from ``codemill.evals``: no suite's own
 WORD = re.compile(r"[A-Za-z0-9_]+")
 
@@ -35,10 +36,14 @@ def package_files() -> Iterator[Path]:
 
 
 def literals(tree: ast.AST) -> Iterator[ast.Constant]:
-    """The string literals of a module (f-string parts included), less its docstrings and bare string lines."""
+    """The string literals of a module (f-string parts included), less its docstrings and bare string lines, and
+    less the registration of the suites' modules."""
     bodies = (body for node in ast.walk(tree) if isinstance(body := getattr(node, "body", None), list))
     prose = {id(s.value) for body in bodies for s in body
              if isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant)}
+    prose |= {id(c) for node in ast.walk(tree) if isinstance(node, ast.Assign)
+              and any(isinstance(t, ast.Name) and t.id == REGISTRATION for t in node.targets)
+              for c in ast.walk(node.value)}
     for node in ast.walk(tree):
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in prose:
             yield node
