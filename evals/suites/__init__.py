@@ -25,7 +25,7 @@ from codemill.registry import plugins
 if TYPE_CHECKING:
     from codemill.evals.config import EvalConfig  # the section built from this registry
 
-SUITE_MODULES = ("bpb", "completion", "humaneval", "humaneval_infilling", "latency", "repo_tasks")
+SUITE_MODULES = ("bpb", "completion", "humaneval", "humaneval_infilling", "latency", "repo_tasks", "completion_syntax")
 REGISTRY: dict[str, Suite] = {s.name: s for s in plugins(__name__, SUITE_MODULES, "SUITE")}
 SUITE_VERSIONS: dict[str, str] = {name: s.code_version for name, s in REGISTRY.items()}
 # Which suite's rows a gate metric is scored from.
