@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from codemill.metrics.push import rank_pusher
 from codemill.metrics.training import count_step, record_checkpoint_commit, record_step
 from codemill.models import parallel
-from codemill.models.common import STACK_DUMP_ENV, emit, full_state_dict, param_groups, run_rank, start_rank
+from codemill.models.common import emit, run_rank, start_rank
 from codemill.models.core import TrainingCore
 from codemill.models.language_model import LanguageModeling, TrainSpec, TrainState, write_export
 from codemill.models.objective import Finished, MicroBatches, Objective, RunPlan, Tracked
@@ -33,8 +33,8 @@ from codemill.models.objective import Finished, MicroBatches, Objective, RunPlan
 if TYPE_CHECKING:
     from codemill.lineage import Lineage
 
-__all__ = ["STACK_DUMP_ENV", "RankZeroLogger", "Trainer", "TrainSpec", "TrainState", "emit", "full_state_dict",
-           "main", "param_groups", "run", "train", "write_export"]
+# TrainSpec, TrainState and write_export are the language-model objective's: importable from the trainer that runs it
+__all__ = ["RankZeroLogger", "TrainSpec", "TrainState", "Trainer", "main", "run", "train", "write_export"]
 
 
 class RankZeroLogger:
