@@ -35,7 +35,7 @@ from codemill.evals.humaneval import STOP_SEQUENCES
 from codemill.models.engines import HFEngine, RolloutEngine, RolloutParams, VLLMEngine
 from codemill.models.launch import threads_per_rank, torchrun_command
 from codemill.problems.synthetic import synthetic_problems
-from codemill.rl.config import GRPOConfig
+from codemill.rl.algorithms.grpo import GRPOConfig
 from codemill.rl.envs import env_for
 from codemill.rl.rollout import collect_rollouts
 from codemill.rl.trajectory import write_rollouts

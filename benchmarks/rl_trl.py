@@ -45,8 +45,9 @@ from codemill.models.engines import truncate_at_stop
 from codemill.models.launch import threads_per_rank
 from codemill.problems.rewards import score
 from codemill.problems.synthetic import synthetic_problems
+from codemill.rl.algorithms.grpo import GRPOConfig
 from codemill.rl.collect import collect_iteration
-from codemill.rl.config import GRPOConfig, RLConfig, RolloutConfig
+from codemill.rl.config import RLConfig, RolloutConfig
 from codemill.rl.trajectory import write_rollouts
 from codemill.rl.update import RLUpdateSpec
 from codemill.rl.update_workers import UpdateWorkers

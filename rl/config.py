@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, model_validator
 
 from codemill.models.config import FinetuneConfig, VLLMOptions
 from codemill.registry import tagged_union
+from codemill.rl.algorithms import ALGORITHMS, DEFAULT_ALGORITHM, AlgorithmSettings
 from codemill.rl.env import EnvConfigView
 from codemill.rl.envs import DEFAULT_ENV, ENVIRONMENTS
 from codemill.stage_config import StageConfig, runtime_only
@@ -52,100 +53,33 @@ class RolloutConfig(StageConfig):
         return out
 
 
-class GRPOConfig(StageConfig):
-    """The GRPO policy update of one RL iteration (``codemill.rl.update``; formulas in ``rl/algorithms/grpo.py``).
-
-    Defaults follow DAPO as verl runs it (clip-higher 0.2/0.28, no KL, token-mean, dynamic sampling, overlong
-    masking); ``norm_adv_by_std=False`` with ``loss_agg="seq-mean-token-sum-norm"`` is Dr. GRPO.
-    """
-
-    name: Literal["grpo"] = "grpo"
-    multi_turn: ClassVar[bool] = True  # trains through the loss mask: episodes with environment tokens are fine
-
-    clip_low: float = Field(0.2, ge=0, lt=1, description="Ratio clipped below at 1 - clip_low.")
-    clip_high: float = Field(0.28, ge=0, description="Ratio clipped above at 1 + clip_high (DAPO clip-higher).")
-    kl_coef: float = Field(0.0, ge=0, description="Weight of the k3 KL to the frozen reference (0 = off).")
-    entropy_coef: float = Field(0.0, ge=0, description="Entropy bonus weight (0 = off).")
-    loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = Field(
-        "token-mean", description="Loss aggregation over the tokens of a step; seq-mean-token-sum-norm divides "
-                                  "each completion's token sum by max_new_tokens (Dr. GRPO).")
-    norm_adv_by_std: bool = Field(True, description="Divide advantages by the group's reward std (False: "
-                                                    "Dr. GRPO).")
-    dynamic_sampling: bool = Field(True, description="Drop groups whose rewards are all equal (DAPO).")
-    overlong_mask: bool = Field(True, description="Truncated completions (finish_reason length) get no loss.")
-    temperature: float = Field(1.0, gt=0, description="The rollout's sampling temperature (log-probs are "
-                                                      "log_softmax(logits / temperature)).")
-    lr: float = Field(1e-6, gt=0, description="AdamW learning rate (constant after warmup).")
-    warmup_steps: int = Field(0, ge=0, description="Linear lr warmup within the update.")
-    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay of the weight matrices (norms and "
-                                                       "biases are not decayed).")
-    beta1: float = Field(0.9, gt=0, lt=1, description="AdamW first-moment (momentum) decay rate.")
-    beta2: float = Field(0.999, gt=0, lt=1, description="AdamW second-moment decay rate.")
-    grad_clip: float = Field(1.0, gt=0, description="Clip the global gradient L2 norm to this before each "
-                                                    "optimizer step.")
-    epochs: int = Field(1, gt=0, description="Passes over the kept samples.")
-    micro_batch_size: int = Field(4, gt=0, description="Samples per rank per micro-step.")
-    grad_accum: int = Field(1, gt=0, description="Micro-steps per optimizer step (samples per step = ranks x "
-                                                 "micro_batch_size x grad_accum).")
-    seed: int = Field(1234, description="Seeds the sample order.")
-    parallelism: Literal["ddp", "fsdp"] = Field("ddp", description="DDP, or FSDP2 (fully_shard per block).")
-    nproc_per_node: int = Field(2, ge=1, description="torchrun processes per node.")
-    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto = cuda when available.")
-    dtype: Literal["float32", "bfloat16"] = Field("float32", description="Autocast / FSDP param dtype (GPU).")
-    checkpoint_every: int = runtime_only(default=4, gt=0, description="Steps between resumable checkpoints.")
-    keep_checkpoints: int = runtime_only(default=1, ge=1, description="Committed checkpoints kept.")
-    timeout_s: int = runtime_only(default=3600, gt=0, description="Kill the torchrun job after this long.")
-    workers: Literal["run", "update"] = runtime_only(
-        default="run", description="run: one torchrun group serves every update of the RL run and keeps the policy "
-        "and its optimizer in memory between them; update: torchrun started for each update. Same results.")
-
-    def check_rl(self, rl: RLConfig) -> None:
-        """The update's log-probs must use the temperature the samples were drawn at (the ratio starts at 1)."""
-        if self.temperature != rl.rollout.temperature:
-            raise ValueError(f"algorithm.temperature ({self.temperature}) must equal rollout.temperature "
-                             f"({rl.rollout.temperature}): the update scores tokens at the sampling temperature")
-
-
-class RFTConfig(FinetuneConfig):
-    """Rejection sampling: each iteration fine-tunes on its distinct passing samples (``codemill.rl.algorithms.rft``,
-    the pipeline's trainer). Single-turn environments only: the documents have no loss mask."""
-
-    name: Literal["rft"] = "rft"
-    multi_turn: ClassVar[bool] = False  # whole documents, no loss mask
-    epochs: float | None = Field(2.0, gt=0, description="Passes over the packed rows of the passing samples "
-                                 "(rounded up, at most max_steps): the data grows and shrinks with the pass rate, "
-                                 "and a fixed step count would overfit a few passing samples.")
-    lr: float = Field(3e-4, gt=0, description="Peak learning rate (cosine decay to train.min_lr_ratio of it; the "
-                                              "other AdamW settings are train's).")
-
-    def check_rl(self, rl: RLConfig) -> None:
-        """Any environment with one turn (the single-turn rule above is checked for every rule)."""
-
-
 if TYPE_CHECKING:
     EnvConfig = EnvConfigView
 else:  # one member per registered environment kind
     EnvConfig = tagged_union([env.settings for env in ENVIRONMENTS.values()], "kind")
 
 
-AlgorithmConfig = Annotated[GRPOConfig | RFTConfig, Field(discriminator="name")]
+if TYPE_CHECKING:
+    AlgorithmConfig = AlgorithmSettings
+else:  # one member per registered update rule
+    AlgorithmConfig = tagged_union([a.settings for a in ALGORITHMS.values()], "name")
 
 
 def algorithm_names() -> list[str]:
-    """The names ``rl.algorithm`` accepts, from the union itself."""
-    return [m.model_fields["name"].default for m in get_args(get_args(AlgorithmConfig)[0])]
+    """The names ``rl.algorithm`` accepts."""
+    return list(ALGORITHMS)
 
 
 def algorithm_fields(name: str) -> list[str]:
     """The fields of the rule ``name``'s config."""
-    return next(list(m.model_fields) for m in get_args(get_args(AlgorithmConfig)[0])
-                if m.model_fields["name"].default == name)
+    return list(ALGORITHMS[name].settings.model_fields)
 
 
 class RLConfig(StageConfig):
     """RL for code: iterations of rollout -> sandboxed reward -> update (`codemill rl`)."""
 
-    algorithm: AlgorithmConfig = Field(default_factory=GRPOConfig, description="The update rule, by name, with its "
+    algorithm: AlgorithmConfig = Field(default_factory=ALGORITHMS[DEFAULT_ALGORITHM].settings, description="The "
+                                       "update rule, by name, with its "
                                        "settings: grpo, or rft (rejection sampling: fine-tune on the passing "
                                        "samples) (docs/rl.md#updates).")
     iterations: int = Field(4, ge=1, description="Rollout/update iterations.")

@@ -52,6 +52,7 @@ from codemill.models.common import full_state_dict
 from codemill.models.trainer import main, run
 from codemill.rl.algorithms.grpo import (
     SUMMARY,
+    GRPOConfig,
     GRPOObjective,
     RLUpdateSpec,
     Sample,
@@ -61,7 +62,6 @@ from codemill.rl.algorithms.grpo import (
     overlong_keep,
     zero_variance_groups,
 )
-from codemill.rl.config import GRPOConfig
 
 if TYPE_CHECKING:
     import torch

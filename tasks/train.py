@@ -19,7 +19,7 @@ from codemill.metrics.push import child_env
 from codemill.models.config import TrainConfig
 from codemill.models.launch import run_streaming, threads_per_rank, torchrun_command
 from codemill.plan import StagePlan
-from codemill.rl.config import GRPOConfig
+from codemill.rl.algorithms.grpo import GRPOConfig
 from codemill.store import ArtifactRef, ArtifactStore, ArtifactWriter, Manifest
 from codemill.tasks.common import RunContext, StageResult, run_stage, stage_task
 

@@ -8,12 +8,27 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from pydantic import BaseModel
 
-from codemill.models.config import TrainConfig
-from codemill.rl.config import RLConfig
+from codemill.stage_config import StageConfig
+
+if TYPE_CHECKING:
+    from codemill.models.config import TrainConfig
+    from codemill.rl.config import RLConfig
+
+
+class AlgorithmSettings(StageConfig):
+    """The base of an update rule's config (its module declares it beside the rule; each narrows ``name`` to
+    its ``Literal``, the field the rl section's union is discriminated on). ``multi_turn``: whether the rule trains
+    through the loss mask, so episodes with environment tokens are fine."""
+
+    name: str
+    multi_turn: ClassVar[bool] = True
+
+    def check_rl(self, rl: RLConfig) -> None:
+        """Raise ValueError when the rl section cannot run this rule (any can, unless the rule says)."""
 
 
 @dataclass(frozen=True)
@@ -49,6 +64,7 @@ class UpdateJob:
 
 class Algorithm(Protocol):
     name: ClassVar[str]
+    settings: ClassVar[type[AlgorithmSettings]]
 
     def update_config(self, rl: RLConfig, train: TrainConfig, iteration: int, seed: int) -> dict[str, Any]:
         """The settings the policy artifact of iteration ``iteration`` hashes (``seed``: the update's own)."""

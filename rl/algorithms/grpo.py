@@ -30,21 +30,28 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
 import numpy as np
-import torch
-import torch.distributed as dist
-import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from codemill.models import parallel
+from codemill.lazy import lazy_module
 from codemill.models.config import TrainConfig
 from codemill.models.objective import Finished, LoopSettings, MicroBatches, Optimization, RunPlan
-from codemill.rl.algorithms.base import UpdateInputs, UpdateJob
-from codemill.rl.config import GRPOConfig, RLConfig
-from codemill.rl.trajectory import TRUNCATED_REASONS
+from codemill.rl.algorithms.base import AlgorithmSettings, UpdateInputs, UpdateJob
+from codemill.stage_config import runtime_only
 
 if TYPE_CHECKING:
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    from codemill.models import parallel
     from codemill.models.core import TrainingCore
     from codemill.models.parallel import Dist
+    from codemill.rl.config import RLConfig
+else:  # heavy, and only the update runs them: the rl config imports this module for its settings
+    torch = lazy_module("torch")
+    dist = lazy_module("torch.distributed")
+    F = lazy_module("torch.nn.functional")
+    parallel = lazy_module("codemill.models.parallel")
 
 __all__ = ["GRPO", "SUMMARY", "SUM_KEYS", "GRPOConfig", "GRPOObjective", "LossAgg", "MicroBatch", "PolicyStore",
            "RLUpdateSpec", "Sample", "StepSamples", "TokenTerms", "aggregate", "collate", "dealt",
@@ -54,6 +61,61 @@ __all__ = ["GRPO", "SUMMARY", "SUM_KEYS", "GRPOConfig", "GRPOObjective", "LossAg
 
 LossAgg = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 STD_EPS = 1e-6  # verl's epsilon (TRL uses 1e-4); only groups with non-zero std are divided
+
+
+
+class GRPOConfig(AlgorithmSettings):
+    """The GRPO policy update of one RL iteration (``codemill.rl.update``; formulas in ``rl/algorithms/grpo.py``).
+
+    Defaults follow DAPO as verl runs it (clip-higher 0.2/0.28, no KL, token-mean, dynamic sampling, overlong
+    masking); ``norm_adv_by_std=False`` with ``loss_agg="seq-mean-token-sum-norm"`` is Dr. GRPO.
+    """
+
+    name: Literal["grpo"] = "grpo"
+    multi_turn: ClassVar[bool] = True  # trains through the loss mask: episodes with environment tokens are fine
+
+    clip_low: float = Field(0.2, ge=0, lt=1, description="Ratio clipped below at 1 - clip_low.")
+    clip_high: float = Field(0.28, ge=0, description="Ratio clipped above at 1 + clip_high (DAPO clip-higher).")
+    kl_coef: float = Field(0.0, ge=0, description="Weight of the k3 KL to the frozen reference (0 = off).")
+    entropy_coef: float = Field(0.0, ge=0, description="Entropy bonus weight (0 = off).")
+    loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = Field(
+        "token-mean", description="Loss aggregation over the tokens of a step; seq-mean-token-sum-norm divides "
+                                  "each completion's token sum by max_new_tokens (Dr. GRPO).")
+    norm_adv_by_std: bool = Field(True, description="Divide advantages by the group's reward std (False: "
+                                                    "Dr. GRPO).")
+    dynamic_sampling: bool = Field(True, description="Drop groups whose rewards are all equal (DAPO).")
+    overlong_mask: bool = Field(True, description="Truncated completions (finish_reason length) get no loss.")
+    temperature: float = Field(1.0, gt=0, description="The rollout's sampling temperature (log-probs are "
+                                                      "log_softmax(logits / temperature)).")
+    lr: float = Field(1e-6, gt=0, description="AdamW learning rate (constant after warmup).")
+    warmup_steps: int = Field(0, ge=0, description="Linear lr warmup within the update.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay of the weight matrices (norms and "
+                                                       "biases are not decayed).")
+    beta1: float = Field(0.9, gt=0, lt=1, description="AdamW first-moment (momentum) decay rate.")
+    beta2: float = Field(0.999, gt=0, lt=1, description="AdamW second-moment decay rate.")
+    grad_clip: float = Field(1.0, gt=0, description="Clip the global gradient L2 norm to this before each "
+                                                    "optimizer step.")
+    epochs: int = Field(1, gt=0, description="Passes over the kept samples.")
+    micro_batch_size: int = Field(4, gt=0, description="Samples per rank per micro-step.")
+    grad_accum: int = Field(1, gt=0, description="Micro-steps per optimizer step (samples per step = ranks x "
+                                                 "micro_batch_size x grad_accum).")
+    seed: int = Field(1234, description="Seeds the sample order.")
+    parallelism: Literal["ddp", "fsdp"] = Field("ddp", description="DDP, or FSDP2 (fully_shard per block).")
+    nproc_per_node: int = Field(2, ge=1, description="torchrun processes per node.")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto = cuda when available.")
+    dtype: Literal["float32", "bfloat16"] = Field("float32", description="Autocast / FSDP param dtype (GPU).")
+    checkpoint_every: int = runtime_only(default=4, gt=0, description="Steps between resumable checkpoints.")
+    keep_checkpoints: int = runtime_only(default=1, ge=1, description="Committed checkpoints kept.")
+    timeout_s: int = runtime_only(default=3600, gt=0, description="Kill the torchrun job after this long.")
+    workers: Literal["run", "update"] = runtime_only(
+        default="run", description="run: one torchrun group serves every update of the RL run and keeps the policy "
+        "and its optimizer in memory between them; update: torchrun started for each update. Same results.")
+
+    def check_rl(self, rl: RLConfig) -> None:
+        """The update's log-probs must use the temperature the samples were drawn at (the ratio starts at 1)."""
+        if self.temperature != rl.rollout.temperature:
+            raise ValueError(f"algorithm.temperature ({self.temperature}) must equal rollout.temperature "
+                             f"({rl.rollout.temperature}): the update scores tokens at the sampling temperature")
 
 
 def _group_index(groups: Sequence | np.ndarray) -> tuple[np.ndarray, int]:
@@ -103,6 +165,8 @@ def overlong_keep(finish_reasons: Sequence[str]) -> np.ndarray:
     "length") or the episode cut on a limit (``max_tokens``, ``wall_time``); DAPO's overlong filtering, TRL's
     ``mask_truncated_completions`` and DeepSWE's compact filtering give those no loss (their reward says
     nothing about an episode that never ended)."""
+    from codemill.rl.trajectory import TRUNCATED_REASONS  # heavy: it reads the engines' finish reasons (torch)
+
     return np.array([f not in TRUNCATED_REASONS for f in finish_reasons], dtype=bool)
 
 
@@ -606,6 +670,7 @@ class GRPO:
     under torchrun on the iteration's rollouts, AdamW continued from the previous update's state."""
 
     name: ClassVar[str] = "grpo"
+    settings: ClassVar[type[AlgorithmSettings]] = GRPOConfig
 
     def update_config(self, rl: RLConfig, train: TrainConfig, iteration: int, seed: int) -> dict[str, Any]:
         assert isinstance(rl.algorithm, GRPOConfig)
@@ -634,3 +699,6 @@ class GRPO:
             return {"algorithm": self.name, "update": summary.get("metrics", summary)}
 
         return UpdateJob(spec, grpo, "codemill.rl.update", result, served=grpo.workers == "run")
+
+
+ALGORITHM = GRPO()

@@ -10,11 +10,32 @@ import json
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+from pydantic import Field
 
 from codemill.models.config import FinetuneConfig, TrainConfig
-from codemill.rl.algorithms.base import UpdateInputs, UpdateJob
-from codemill.rl.config import RFTConfig, RLConfig
+from codemill.rl.algorithms.base import AlgorithmSettings, UpdateInputs, UpdateJob
+
+if TYPE_CHECKING:
+    from codemill.rl.config import RLConfig
+
+
+
+class RFTConfig(FinetuneConfig, AlgorithmSettings):
+    """Rejection sampling: each iteration fine-tunes on its distinct passing samples (``codemill.rl.algorithms.rft``,
+    the pipeline's trainer). Single-turn environments only: the documents have no loss mask."""
+
+    name: Literal["rft"] = "rft"
+    multi_turn: ClassVar[bool] = False  # whole documents, no loss mask
+    epochs: float | None = Field(2.0, gt=0, description="Passes over the packed rows of the passing samples "
+                                 "(rounded up, at most max_steps): the data grows and shrinks with the pass rate, "
+                                 "and a fixed step count would overfit a few passing samples.")
+    lr: float = Field(3e-4, gt=0, description="Peak learning rate (cosine decay to train.min_lr_ratio of it; the "
+                                              "other AdamW settings are train's).")
+
+    def check_rl(self, rl: RLConfig) -> None:
+        """Any environment with one turn (the single-turn rule above is checked for every rule)."""
 
 
 def finetune_train_config(train: TrainConfig, ft: FinetuneConfig, seed: int) -> TrainConfig:
@@ -64,6 +85,7 @@ def finetune_job(name: str, docs: Sequence[Sequence[int]], ft: FinetuneConfig, t
 
 class RFT:
     name: ClassVar[str] = "rft"
+    settings: ClassVar[type[AlgorithmSettings]] = RFTConfig
 
     def update_config(self, rl: RLConfig, train: TrainConfig, iteration: int, seed: int) -> dict[str, Any]:
         assert isinstance(rl.algorithm, RFTConfig)
@@ -85,3 +107,6 @@ class RFT:
         docs = passing_documents(read_rollouts(inputs.rollouts_path).to_pylist(), {eos})
         return finetune_job(self.name, docs, inputs.rl.algorithm, inputs.train, inputs.config, inputs.policy_hf,
                             (inputs.rollouts_name, inputs.rollouts_digest), inputs.out_dir, inputs.scratch)
+
+
+ALGORITHM = RFT()

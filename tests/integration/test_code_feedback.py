@@ -12,8 +12,7 @@ import torch
 
 from codemill.models.engines import Completion, HFEngine, RolloutParams
 from codemill.problems.synthetic import synthetic_problems
-from codemill.rl.algorithms.grpo import aggregate, collate, sequence_logprobs, token_terms
-from codemill.rl.config import GRPOConfig
+from codemill.rl.algorithms.grpo import GRPOConfig, aggregate, collate, sequence_logprobs, token_terms
 from codemill.rl.envs import env_for
 from codemill.rl.envs.code_feedback import CodeFeedbackConfig, feedback_text, visible_cases
 from codemill.rl.rollout import collect_rollouts

@@ -22,7 +22,7 @@ from safetensors.torch import load_file
 from codemill.models.checkpoint import committed_steps
 from codemill.models.config import ModelConfig
 from codemill.models.launch import torchrun_command
-from codemill.rl.config import GRPOConfig
+from codemill.rl.algorithms.grpo import GRPOConfig
 from codemill.rl.trajectory import write_rollouts
 from codemill.rl.update import SUMMARY, RLUpdateSpec, update
 

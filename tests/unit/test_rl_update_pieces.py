@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from codemill.rl.config import GRPOConfig
+from codemill.rl.algorithms.grpo import GRPOConfig
 from codemill.rl.update import SUMMARY, RLUpdateSpec, SampleOrder, fingerprint, plan_update, write_policy
 
 
