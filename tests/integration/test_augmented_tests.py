@@ -26,12 +26,12 @@ from codemill.problems.config import AugmentConfig, ProblemsConfig, ProblemSourc
 from codemill.problems.humaneval import load_problems, problems_file
 from codemill.problems.plus.artifact import plan_augment, read_augmented
 from codemill.problems.plus.counts import COUNTS_FILE, read_counts
-from codemill.problems.plus.ship import preset_augment
 from codemill.problems.plus.shipped import SHIPPED_FROM, find_shipped, read_shipped_manifest
 from codemill.problems.problem import ExecProblem
 from codemill.problems.sets import PROBLEMS_FILE, read_problem_set
 from codemill.sandbox import Limits
 from codemill.sandbox.judge_pool import JudgePool
+from codemill.ship_augmented import preset_augment
 from codemill.store import ArtifactRef, ArtifactStore
 from codemill.tasks.augment import augment_task
 
@@ -105,9 +105,9 @@ def test_the_artifact_is_built_once_and_found_on_a_rerun(built):
 
 def test_the_build_is_what_the_package_ships(built):
     """Fails when the augmentation's output changed without a new code version: the shipped copy would then be
-    stale. Run ``python -m codemill.problems.plus.ship``, commit, and bump ``PLUS_CODE_VERSION``."""
+    stale. Run ``python -m codemill.ship_augmented``, commit, and bump ``PLUS_CODE_VERSION``."""
     path = find_shipped(built["plan"])
-    assert path is not None, "no shipped artifact for this digest: run python -m codemill.problems.plus.ship"
+    assert path is not None, "no shipped artifact for this digest: run python -m codemill.ship_augmented"
     assert read_shipped_manifest(path).digest == built["first"]["ref"]["digest"]
     with zipfile.ZipFile(path) as z:
         problems = pl.read_parquet(io.BytesIO(z.read(PROBLEMS_FILE)))

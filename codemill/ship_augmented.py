@@ -1,4 +1,4 @@
-"""Rebuild the shipped augmented HumanEval tests (``shipped.py``): ``python -m codemill.problems.plus.ship``.
+"""Rebuild the shipped augmented HumanEval tests (``problems/plus/shipped.py``): ``python -m codemill.ship_augmented``.
 
 Builds, in the sandbox, the augment artifact of each preset in ``SHIPPED_PRESETS`` (the one its evaluation
 plans), packs it under ``shipped/`` and removes the other shipped files; commit the result.
