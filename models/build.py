@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
 from codemill.models.config import ModelConfig
 from codemill.models.masking import SDPA, attention_implementation
@@ -77,8 +78,6 @@ def scratch_policy(out: Path, texts: Sequence[str], vocab_size: int, model: Mode
     """``out/hf``: a randomly initialised model and a BPE tokenizer trained on ``texts``, in the layout a train
     artifact exports (what the RL flow, the evaluation and the benchmarks load as a policy)."""
     from codemill.data.tokenizer import EOS_TOKEN, PAD_TOKEN, save_tokenizer, train_bpe
-    from codemill.models.trainer import write_export
-
     tok = train_bpe(texts, vocab_size, min_frequency=2, split_digits=split_digits)
     save_tokenizer(tok, out / "tok")
     eos, pad = tok.token_to_id(EOS_TOKEN), tok.token_to_id(PAD_TOKEN)
@@ -86,3 +85,13 @@ def scratch_policy(out: Path, texts: Sequence[str], vocab_size: int, model: Mode
     weights = build_model(model, tok.get_vocab_size(), max_len, eos, pad, seed=seed)
     write_export(weights, out / "tok", out)
     return out / "hf"
+
+
+def write_export(model: PreTrainedModel, tokenizer_dir: Path, out_dir: Path, name: str = "hf") -> None:
+    """``out_dir/name``: the model as ``save_pretrained`` writes it, with the tokenizer's files beside it: the
+    folder ``from_pretrained``, the evaluation and the RL engines load."""
+    hf_dir = out_dir / name
+    model.config.use_cache = True
+    model.save_pretrained(str(hf_dir), safe_serialization=True)
+    for f in (tokenizer_dir / "hf").iterdir():
+        shutil.copy2(f, hf_dir / f.name)

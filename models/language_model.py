@@ -9,7 +9,6 @@ The held-out loss at every checkpoint picks the best step, whose checkpoint surv
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,11 +18,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from pydantic import BaseModel
-from transformers import PreTrainedModel
 
 from codemill.models import parallel
 from codemill.models.batches import Batches, held_out_rows, model_inputs
-from codemill.models.build import build_model, count_parameters, load_pretrained, use_attention
+from codemill.models.build import build_model, count_parameters, load_pretrained, use_attention, write_export
 from codemill.models.common import full_state_dict
 from codemill.models.config import TrainConfig
 from codemill.models.core import TrainingCore
@@ -260,11 +258,3 @@ def export(model: torch.nn.Module, spec: TrainSpec, d: parallel.Dist, name: str 
     if spec.train.lora:
         fresh = fresh.merge_and_unload()
     write_export(fresh, Path(spec.tokenizer_dir), Path(spec.out_dir), name)
-
-
-def write_export(model: PreTrainedModel, tokenizer_dir: Path, out_dir: Path, name: str = "hf") -> None:
-    hf_dir = out_dir / name
-    model.config.use_cache = True
-    model.save_pretrained(str(hf_dir), safe_serialization=True)
-    for f in (tokenizer_dir / "hf").iterdir():
-        shutil.copy2(f, hf_dir / f.name)
