@@ -1,4 +1,5 @@
-"""A small two-model pipeline run shared by the lineage CLI and MLflow UI tests (one run per session)."""
+"""Fixtures the integration tests share: a tiny corpus, and a small two-model pipeline run for the lineage CLI and
+MLflow UI tests (one run per session)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import STDLIB_MODULES
 from tests.integration.cpu_load import spinning
 from tests.integration.helpers import quick_pipeline_config
 
@@ -26,6 +28,20 @@ def two_model_runs(corpus: Path, tmp: Path) -> dict[str, Any]:
     cfg_b.train.seed, cfg_b.train.max_steps = cfg.train.seed + 1, 4
     second = pipeline(config=cfg_b)
     return {"cfg": cfg, "tmp": tmp, "first": first, "second": second}
+
+
+@pytest.fixture(scope="session")
+def tiny_corpus(tmp_path_factory) -> Path:
+    """A dozen stdlib modules and two small packages (~0.3 MB): for tests where the chain matters, not the model."""
+    import shutil
+    import sysconfig
+
+    std, root = Path(sysconfig.get_paths()["stdlib"]), tmp_path_factory.mktemp("corpus") / "pystd-tiny"
+    for pkg in ("json", "html"):
+        shutil.copytree(std / pkg, root / pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    for mod in STDLIB_MODULES:
+        shutil.copy2(std / mod, root / mod)
+    return root
 
 
 @pytest.fixture(scope="session")

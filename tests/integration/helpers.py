@@ -59,3 +59,15 @@ def quick_pipeline_config(corpus: Path, tmp: Path, *, max_steps: int = 3) -> Pip
     cfg.evaluate.completion.max_new_tokens = 8
     cfg.evaluate.bootstrap_samples = 100
     return cfg
+
+
+def chain_config(corpus: Path, tmp: Path) -> PipelineConfig:
+    """The least run of every stage, for tests of the chain of runs, artifacts and records rather than of the data
+    or the model: 3 steps on one rank, bpb on 10 files, no near-dedup or decontamination."""
+    cfg = small_pipeline_config(corpus, tmp, max_steps=3)
+    cfg.evaluate.suites = ["bpb"]
+    cfg.train.nproc_per_node = 1
+    cfg.evaluate.bpb.max_files = 10
+    cfg.ingest.near_dedup.enabled = False
+    cfg.ingest.decontamination.enabled = False
+    return cfg

@@ -21,7 +21,7 @@ from codemill.lineage import tags as T
 from codemill.lineage.read import LineageReader
 from codemill.store import ArtifactRef, ArtifactStore
 from codemill.store_claim import Claim, ClaimOwner, S3Lease, s3_claim
-from tests.integration.helpers import quick_pipeline_config
+from tests.integration.helpers import chain_config
 from tests.integration.store_checks import committed_artifacts, use_s3
 from tests.scratch import scratch_plan
 
@@ -40,7 +40,7 @@ sys.stdout.write("RESULT " + json.dumps(out) + "\n")
 
 def _start_together(config: Path, runs: int) -> list[tuple[int, dict]]:
     """``runs`` pipeline processes on one config, started at once: each one's pid and what its flow returned."""
-    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value()}
+    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "OMP_WAIT_POLICY": "PASSIVE"}  # as the CLI
     procs = [subprocess.Popen([sys.executable, "-c", RUN_PIPELINE, str(config)], cwd=ROOT, env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(runs)]
     out = []
@@ -51,8 +51,8 @@ def _start_together(config: Path, runs: int) -> list[tuple[int, dict]]:
     return out
 
 
-def test_two_pipeline_runs_at_once_build_every_stage_once(small_corpus: Path, tmp_path: Path) -> None:
-    cfg = quick_pipeline_config(small_corpus, tmp_path)  # one store, one SQLite MLflow for both
+def test_two_pipeline_runs_at_once_build_every_stage_once(tiny_corpus: Path, tmp_path: Path) -> None:
+    cfg = chain_config(tiny_corpus, tmp_path)  # one store, one SQLite MLflow for both
     config = tmp_path / "config.json"
     config.write_text(cfg.model_dump_json())
     (pid_a, a), (pid_b, b) = _start_together(config, 2)
@@ -192,3 +192,56 @@ def test_s3_takeover_is_conditional_on_the_etag_the_waiters_saw(s3_endpoint: str
     assert second.take_over(seen[0]) is False
     now = second.read()
     assert now is not None and now[1] is not None and now[1].run == "first"
+
+
+class _Rows:
+    """A progress sink that keeps what each stage's row said."""
+
+    def __init__(self) -> None:
+        self.said: list[tuple[str, str]] = []
+
+    def stage(self, name: str, message: str) -> None:
+        self.said.append((name, message))
+
+    def update(self, name: str, done: int, total: int) -> None:
+        pass
+
+    def finished(self, name: str, message: str) -> None:
+        self.said.append((name, message))
+
+
+def test_a_gate_waits_for_another_runs_gate_of_the_same_registered_model(tmp_path: Path, mlflow_uri: str) -> None:
+    """While another run gates into the registered model, this run's gate waits; it then finds the candidate
+    promoted by the other and holds, so the candidate is registered once."""
+    from codemill import progress
+    from codemill.config import PipelineConfig
+    from codemill.flows.evaluate import gate_against_champion, registry_key
+    from codemill.lineage import Registry
+    from codemill.tasks.common import RunContext
+    from codemill.tasks.resolve_model import ResolvedModel
+
+    cfg = PipelineConfig(name="gated", store_root=str(tmp_path / "store"), work_dir=str(tmp_path / "work"),
+                         mlflow_tracking_uri=mlflow_uri)
+    ctx = RunContext(store_root=cfg.store_root, work_dir=cfg.work_dir, tracking_uri=mlflow_uri, experiment=cfg.name)
+    store, lineage = ctx.store(), ctx.lineage()
+    model_id = lineage.client.create_logged_model(lineage.experiment_id, name="candidate").model_id
+    candidate = ResolvedModel(ref=store.ref_for(scratch_plan("ab", "train", "model")), hf_dir=str(tmp_path),
+                              model_id=model_id)
+    rows, verdicts = _Rows(), []
+    progress.set_sink(rows)
+    try:
+        with store.claim("gate", registry_key(cfg.name, mlflow_uri), "other-run", 30):  # the other run gates
+            gating = threading.Thread(target=lambda: verdicts.append(
+                gate_against_champion(ctx, store, cfg, candidate, None, {})))
+            gating.start()
+            deadline = time.monotonic() + 60
+            while not any(name == "gate" and "waiting for run 'other-run'" in said for name, said in rows.said):
+                assert time.monotonic() < deadline, f"the gate never waited: {rows.said}"
+                assert gating.is_alive(), f"the gate ran while another run held its claim: {verdicts}"
+                time.sleep(0.05)
+            Registry(lineage, cfg.name, cfg.gate.alias).promote(model_id, {})  # the other run's verdict
+        gating.join(timeout=120)
+    finally:
+        progress.set_sink(None)
+    assert verdicts and verdicts[0] is not None and verdicts[0]["verdict"] == "hold", verdicts
+    assert len(MlflowClient(mlflow_uri).search_model_versions(f"name = '{cfg.name}'")) == 1

@@ -19,8 +19,8 @@ from typer.testing import CliRunner
 
 from codemill.cli import app
 from codemill.lineage import Lineage, Registry, TrackingAccessDenied, guarded_client
-from tests.conftest import STDLIB_MODULES, MlflowServer
-from tests.integration.helpers import small_pipeline_config
+from tests.conftest import MlflowServer
+from tests.integration.helpers import chain_config, small_pipeline_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_harness")]
 
@@ -75,32 +75,13 @@ def auth_server(tmp_path_factory) -> Iterator[AuthMlflowServer]:
 
 
 @pytest.fixture(scope="module")
-def tiny_corpus(tmp_path_factory) -> Path:
-    """A dozen stdlib modules and two small packages (~0.3 MB): the chain is what matters here, not the model."""
-    import shutil
-    import sysconfig
-
-    std, root = Path(sysconfig.get_paths()["stdlib"]), tmp_path_factory.mktemp("corpus") / "pystd-tiny"
-    for pkg in ("json", "html"):
-        shutil.copytree(std / pkg, root / pkg, ignore=shutil.ignore_patterns("__pycache__"))
-    for mod in STDLIB_MODULES:
-        shutil.copy2(std / mod, root / mod)
-    return root
-
-
-@pytest.fixture(scope="module")
 def pipeline_run(auth_server, tiny_corpus, tmp_path_factory):
     """One small pipeline run (ingest -> tokenize -> 3 torchrun steps -> bpb -> gate) as the pipeline identity."""
     from codemill.flows.pipeline import pipeline
 
-    cfg = small_pipeline_config(tiny_corpus, tmp_path_factory.mktemp("auth-run"), max_steps=3)
+    cfg = chain_config(tiny_corpus, tmp_path_factory.mktemp("auth-run"))  # one rank: its rank 0 authenticates
     cfg.name = EXPERIMENT
     cfg.mlflow_tracking_uri = auth_server.uri
-    cfg.evaluate.suites = ["bpb"]
-    cfg.train.nproc_per_node = 1  # one rank is enough to show torchrun's rank 0 authenticates
-    cfg.evaluate.bpb.max_files = 10
-    cfg.ingest.near_dedup.enabled = False  # data quality is not what this module tests
-    cfg.ingest.decontamination.enabled = False
     with pytest.MonkeyPatch.context() as mp:
         use_identity(mp, PIPELINE)
         out = pipeline(config=cfg)
