@@ -171,8 +171,8 @@ def rl(config: PipelineConfig = PipelineConfig(), model: str | None = None) -> d
 
 def run_rl(config: PipelineConfig, model: str | None) -> dict[str, Any]:
     """The ``rl`` flow's body (call it inside the flow)."""
-    from codemill.report import reward_curve_png
     from codemill.evals.heldout import compare_pass_rates
+    from codemill.report import reward_curve_png
     from codemill.rl.trajectory import read_rollouts
 
     logger = get_run_logger()
