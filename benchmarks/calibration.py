@@ -13,7 +13,7 @@ On a preset (default ``tiny``, at its own step count) it trains and evaluates (o
 Each candidate is judged by four gates on the same eval rows:
 
 - **before**: the gate as it was released before presets shipped their noise: item SE, hold margins at the
-  floors of ``evals.noise`` (0.12 bpb, 0.05 for the rates);
+  metrics' floors (``Metric.hold_margin``: 0.12 bpb, 0.05 for the rates);
 - **default**: what ``codemill run`` does now with no calibration in the store: the noise shipped in
   ``codemill/configs/<preset>.noise.json`` (the preset's recipe matches);
 - **uncalibrated**: a recipe no preset matches: item SE, hold margins derived from the nearest preset;
@@ -49,11 +49,13 @@ def binomial_ci(k: int, n: int) -> tuple[float, float]:
     return float(ci.low), float(ci.high)
 
 
-def judges(cfg: Any, per_seed: dict[int, dict[str, Any]], calibrated_seeds: int) -> dict[str, dict[str, Any]]:
-    """The ``gate`` keyword arguments of each of the four gates."""
-    from codemill.evals import preset_noise as pn
-    from codemill.evals.calibration import calibrate, recipe_key
+def judges(cfg: Any, per_seed: dict[int, dict[str, Any]], calibrated_seeds: int) -> dict[str, Any]:
+    """The noise source (``gate.evidence.NoiseSource``) of each of the four gates."""
     from codemill.flows.plan import config_recipe
+    from codemill.gate import preset_noise as pn
+    from codemill.gate.calibration import recipe_key
+    from codemill.gate.evidence import NoiseSource
+    from codemill.gate.scores import calibrate
 
     names = [m.name for m in cfg.gate.metrics]
     recipe = config_recipe(cfg)
@@ -63,41 +65,38 @@ def judges(cfg: Any, per_seed: dict[int, dict[str, Any]], calibrated_seeds: int)
         raise SystemExit(f"no shipped noise matches preset {cfg.name}: run python -m benchmarks.preset_noise --write")
     near = pn.nearest(presets, recipe["train"]["config"])  # as a changed copy of the preset would see it
     seeds = sorted(per_seed)[:calibrated_seeds]
-    return {"before": {},
-            "default": {"noise": shipped[1], "calibration": shipped[0].label},
-            "uncalibrated": {"hold_margins": pn.hold_margins(near, names)},
-            "calibrated": {"noise": calibrate([per_seed[s] for s in seeds]),
-                           "calibration": f"codemill calibrate --seeds {calibrated_seeds} (seeds {seeds})"}}
+    return {"before": NoiseSource(),
+            "default": NoiseSource("preset", shipped[1], shipped[0].label),
+            "uncalibrated": NoiseSource(hold_margins=pn.hold_margins(near, names)),
+            "calibrated": NoiseSource("calibration", calibrate([per_seed[s] for s in seeds]),
+                                      f"codemill calibrate --seeds {calibrated_seeds} (seeds {seeds})")}
 
 
-def verdicts(cand: dict, champ: dict, cfg: Any, kinds: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    from codemill.evals.gate import GateMetric, gate
+def verdicts(per_seed: list[dict], champ: dict, cfg: Any, kinds: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each gate's verdict on a candidate (``per_seed``: its seeds' scores) against ``champ``. The gate as it
+    was before shipped noise judged the mean of several seeds as one model, without their spread."""
+    from codemill.gate.evidence import GateMetric, collect
+    from codemill.gate.policy import decide
+    from codemill.gate.scores import mean_scores
 
-    metrics = [GateMetric(m.name, m.margin, m.uncalibrated_margin) for m in cfg.gate.metrics
-               if m.name in cand and m.name in champ]
+    metrics = [GateMetric(m.name, m.margin, m.uncalibrated_margin) for m in cfg.gate.metrics]
     out = {}
-    for kind, kwargs in kinds.items():
-        v = gate(cand, champ, metrics, cfg.gate.alpha, **kwargs)
+    for kind, noise in kinds.items():
+        seeds = [mean_scores(per_seed)] if kind == "before" and len(per_seed) > 1 else per_seed
+        v = decide(collect(seeds, champ, metrics, noise), cfg.gate.alpha)
         out[kind] = {"verdict": v.verdict, "metrics": {e.metric: {
             "diff": e.diff, "se": e.se, "se_item": e.se_item, "seed_sd": e.seed_sd, "hold_margin": e.hold_margin,
             "p_worse_holm": e.p_regression_holm, "p_better_holm": e.p_improvement_holm} for e in v.metrics}}
     return out
 
 
-def seeds_in_run(cfg: Any, candidates: dict[int, dict], champion: dict, kinds: dict[str, dict[str, Any]],
+def seeds_in_run(cfg: Any, candidates: dict[int, dict], champion: dict, kinds: dict[str, Any],
                  n: int) -> list[dict[str, Any]]:
     """``train.seeds: n``: the seed-only candidates in groups of n, each group's mean gated with its spread
     (before: the mean on the item SE alone)."""
-    from codemill.evals.calibration import mean_scores, spread
-
     seeds = sorted(candidates)
-    out = []
-    for i in range(0, len(seeds) - n + 1, n):
-        group = [candidates[s] for s in seeds[i:i + n]]
-        run = {"run_noise": spread(group), "candidate_seeds": n}
-        with_run = {k: (v if k == "before" else {**v, **run}) for k, v in kinds.items()}
-        out.append({"candidates": seeds[i:i + n], **verdicts(mean_scores(group), champion, cfg, with_run)})
-    return out
+    return [{"candidates": seeds[i:i + n], **verdicts([candidates[s] for s in seeds[i:i + n]], champion, cfg, kinds)}
+            for i in range(0, len(seeds) - n + 1, n)]
 
 
 def rates(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -136,7 +135,7 @@ def main() -> None:
     work = Path(args.work).absolute()
     work.mkdir(parents=True, exist_ok=True)
     _env(work)
-    from codemill.evals.calibration import calibrate
+    from codemill.gate.scores import calibrate
 
     cfg = bench_config(args.preset, work)
     steps = cfg.train.max_steps
@@ -156,11 +155,11 @@ def main() -> None:
 
     kinds = judges(cfg, per_seed, args.calibrated_seeds)
     champion = per_seed[FIRST_SEED]
-    vs_champion = [{"candidate": s, **verdicts(candidates[s], champion, cfg, kinds)} for s in cand_seeds]
-    pairs = [{"champion": c, "candidate": s, **verdicts(candidates[s], per_seed[c], cfg, kinds)}
+    vs_champion = [{"candidate": s, **verdicts([candidates[s]], champion, cfg, kinds)} for s in cand_seeds]
+    pairs = [{"champion": c, "candidate": s, **verdicts([candidates[s]], per_seed[c], cfg, kinds)}
              for c in cal_seeds for s in cand_seeds]
-    real = {f"{args.better:g}x steps (must promote)": verdicts(better, champion, cfg, kinds),
-            f"{args.worse:.2g}x steps (must be a regression)": verdicts(worse, champion, cfg, kinds)}
+    real = {f"{args.better:g}x steps (must promote)": verdicts([better], champion, cfg, kinds),
+            f"{args.worse:.2g}x steps (must be a regression)": verdicts([worse], champion, cfg, kinds)}
     print(f"\n{'candidate vs seed ' + str(FIRST_SEED):<34}" + "".join(f"{k:>14}" for k in GATES) + "   diff bpb")
     for r in vs_champion:
         print(f"{'seed ' + str(r['candidate']):<34}" + "".join(f"{r[k]['verdict']:>14}" for k in GATES)
@@ -173,7 +172,7 @@ def main() -> None:
         print(f"{'mean of seeds ' + str(r['candidates']):<34}" + "".join(f"{r[k]['verdict']:>14}" for k in GATES)
               + f"   {r['default']['metrics']['val_bpb']['diff']:+.4f}")
     print("\nhold margins (uncalibrated): " + ", ".join(f"{m} {v:.3f}" for m, v in
-                                                      kinds["uncalibrated"]["hold_margins"].items()))
+                                                      kinds["uncalibrated"].hold_margins.items()))
     table, pair_table = rates(vs_champion), rates(pairs)
     print_rates(f"\n{len(cand_seeds)} seed-only candidates vs the champion (seed {FIRST_SEED})", table)
     print_rates(f"every pair of {len(cal_seeds)} calibration seeds x {len(cand_seeds)} candidates", pair_table)
@@ -182,7 +181,7 @@ def main() -> None:
         Path(args.out).write_text(json.dumps({
             "preset": args.preset, "steps": steps,
             "seed_noise": {st: {k: v.as_dict() for k, v in n.items()} for st, n in noise.items()},
-            "hold_margins": kinds["uncalibrated"]["hold_margins"], "vs_champion": vs_champion,
+            "hold_margins": kinds["uncalibrated"].hold_margins, "vs_champion": vs_champion,
             "rates_vs_champion": table, "rates_all_pairs": pair_table, "real_changes": real,
             "seeds_in_run": seeded}, indent=2, default=str))
 

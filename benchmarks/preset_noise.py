@@ -83,7 +83,7 @@ def machine() -> str:
 
 
 def measure(cfg: PipelineConfig, seeds: list[int], steps: int | None = None) -> dict[str, Any]:
-    from codemill.evals.calibration import calibrate
+    from codemill.gate.scores import calibrate
 
     per_seed = []
     for seed in seeds:
@@ -113,9 +113,9 @@ def main() -> None:
     work = Path(args.work).absolute()
     work.mkdir(parents=True, exist_ok=True)
     _env(work)
-    from codemill.evals import preset_noise as pn
-    from codemill.evals.calibration import recipe_key
     from codemill.flows.plan import config_recipe
+    from codemill.gate import preset_noise as pn
+    from codemill.gate.calibration import recipe_key
 
     cfg = bench_config(args.preset, work)
     seeds = list(range(FIRST_SEED, FIRST_SEED + args.seeds))

@@ -530,7 +530,7 @@ def compare(
 ) -> None:
     """Paired comparison of two models on the same eval items (the gate's statistics)."""
 
-    from codemill.evals import compare as cmp
+    from codemill import compare as cmp
 
     reader, art_store = _lineage_sources(config, preset, store, tracking_uri)
     _show(lambda: cmp.compare_models(reader, art_store, model_a, model_b, alpha), cmp.render_comparison, as_json)

@@ -15,13 +15,13 @@ from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
 from codemill.config import PipelineConfig
-from codemill.evals import calibration as cal
 from codemill.flows.artifacts import mlflow_ui_links
 from codemill.flows.common import execute, flow_run_metrics, flow_run_url, open_flow_run, run_stage_task
 from codemill.flows.hooks import record_failure_on_mlflow, run_name_from, tag_current_flow_run
 from codemill.flows.nightly import champion_start
 from codemill.flows.plan import DATA_FOR_EVALS, plan_pipeline
 from codemill.flows.seeds import train_and_evaluate
+from codemill.gate import calibration as cal
 from codemill.lineage import tags as T
 from codemill.tasks.calibrate import calibrate_task, plan_calibration
 from codemill.tasks.common import StageResult

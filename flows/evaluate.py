@@ -12,7 +12,6 @@ from prefect import flow
 from prefect.runtime import flow_run
 
 from codemill.config import PipelineConfig
-from codemill.evals.calibration import gate_noise, recipe_key
 from codemill.evals.suites import SUITE_OF_METRIC
 from codemill.flows.common import (
     close_live_vllm,
@@ -25,6 +24,8 @@ from codemill.flows.common import (
 )
 from codemill.flows.hooks import record_failure_on_mlflow
 from codemill.flows.plan import config_recipe, plan_evaluations
+from codemill.gate.calibration import noise_source, recipe_key
+from codemill.gate.evidence import NoiseSource
 from codemill.lineage import Registry
 from codemill.lineage import tags as T
 from codemill.lineage.check import absolute_tracking_uri
@@ -70,7 +71,7 @@ def gate_against_champion(ctx: RunContext, store: ArtifactStore, config: Pipelin
                           seed_evals: dict[int, dict[str, StageResult]] | None = None) -> dict[str, Any] | None:
     """Evaluate the champion on the same suites and data (cached when it was before), then gate, with the
     seed noise of the champion's recipe when ``codemill calibrate`` measured it or a preset of that recipe ships
-    it (``evals.calibration.gate_noise``)."""
+    it (``gate.calibration.noise_source``)."""
     if not config.gate.enabled:
         return None
     name = config.gate.registered_model or config.name
@@ -91,16 +92,16 @@ def _gate(ctx: RunContext, store: ArtifactStore, config: PipelineConfig, name: s
           seed_evals: dict[int, dict[str, StageResult]] | None) -> dict[str, Any]:
     champion = Registry(ctx.lineage(), name, config.gate.alias).champion()
     champion_evals = None
-    calibration = None
+    noise: NoiseSource | None = None
     if champion and champion.get(T.MODEL_ID) != model.model_id:
         champ_model = resolve_model(ctx, champion[T.MODEL_ID])
         champion_evals = evaluate_resolved(ctx, store, config, champ_model, corpus)
         gated = [m.name for m in config.gate.metrics if SUITE_OF_METRIC.get(m.name, "") in evals
                  or m.name not in SUITE_OF_METRIC]  # the metrics of suites that ran
-        calibration = gate_noise(store, champ_model.ref.digest, config.evaluate.digest_config(), gated,
-                                 calibratable(config, champ_model.hf_dir))
+        noise = noise_source(store, champ_model.ref.digest, config.evaluate.digest_config(), gated,
+                             calibratable(config, champ_model.hf_dir))
     return gate_task(ctx=ctx, cfg=config.gate, registered_model=name, candidate=model, candidate_evals=evals,
-                     champion=champion, champion_evals=champion_evals, calibration=calibration,
+                     champion=champion, champion_evals=champion_evals, noise=noise,
                      candidate_seed_evals=seed_evals)
 
 

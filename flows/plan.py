@@ -15,7 +15,7 @@ from typing import Any
 from codemill.config import PipelineConfig
 from codemill.data.config import TokenizeConfig
 from codemill.evals import suites
-from codemill.evals.calibration import recipe_of_plans
+from codemill.gate.calibration import recipe_of_plans
 from codemill.plan import PHASES, StagePlan, check_until
 from codemill.problems.config import AugmentConfig
 from codemill.problems.plus.artifact import STAGE as AUGMENT_STAGE
@@ -132,7 +132,7 @@ def _bind_seed(bind: Binder | None, seed: int) -> Binder | None:
 
 
 def config_recipe(config: PipelineConfig) -> dict[str, Any]:
-    """The training recipe of a config (``evals.calibration``), planned without reading a source: a recipe
+    """The training recipe of a config (``gate.calibration``), planned without reading a source: a recipe
     leaves the data's content out."""
     return recipe_of_plans([s.plan for s in plan_pipeline(config, [], ArtifactStore(config.store_root), "train")])
 

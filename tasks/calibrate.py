@@ -8,9 +8,10 @@ from typing import Any
 
 from prefect import get_run_logger
 
-from codemill.evals import calibration as cal
-from codemill.evals import preset_noise as pn
 from codemill.evals import suites
+from codemill.gate import calibration as cal
+from codemill.gate import preset_noise as pn
+from codemill.gate.scores import calibrate
 from codemill.lineage import Lineage
 from codemill.plan import StagePlan
 from codemill.store import ArtifactRef, ArtifactWriter, Manifest
@@ -55,7 +56,7 @@ def calibrate_task(plan: StagePlan, ctx: RunContext, registered_model: str,
                     suite_digests[ref.name] = pn.suite_digest({ref.name: suite_cfg["suite"],
                                                                "seed": suite_cfg["seed"]}, ref.name)
             per_seed.append(scores)
-        noise = cal.calibrate(per_seed)
+        noise = calibrate(per_seed)
         seeds = [{"seed": s, **models.get(s, {})} for s in plan.config["seeds"]]
         payload = {"config_key": plan.config["config_key"], "recipe_key": key, "suite_digests": suite_digests,
                    "seeds": seeds, "metrics": {k: v.as_dict() for k, v in noise.items()}}

@@ -8,10 +8,11 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 
 import codemill.metrics
-from codemill.config import GateConfig
 from codemill.evals import suites
-from codemill.evals.calibration import mean_scores, noise_of, spread
-from codemill.evals.gate import GateMetric, gate, markdown_report
+from codemill.gate.config import GateConfig
+from codemill.gate.evidence import GateMetric, NoiseSource, collect
+from codemill.gate.policy import GateVerdict, MetricEvidence, decide
+from codemill.gate.report import markdown_report
 from codemill.lineage import Registry
 from codemill.lineage import tags as T
 from codemill.tasks.common import RunContext, StageResult
@@ -34,10 +35,10 @@ def model_tags(model: ResolvedModel) -> dict[str, str]:
 def gate_task(ctx: RunContext, cfg: GateConfig, registered_model: str, candidate: ResolvedModel,
               candidate_evals: dict[str, StageResult], champion: dict[str, str] | None,
               champion_evals: dict[str, StageResult] | None,
-              calibration: dict[str, Any] | None = None,
+              noise: NoiseSource | None = None,
               candidate_seed_evals: dict[int, dict[str, StageResult]] | None = None) -> dict[str, Any]:
-    """``calibration``: what ``evals.calibration.gate_noise`` found of the champion's seed noise (None: the gate
-    is uncalibrated with the floors of ``evals.noise`` as hold margins). ``candidate_seed_evals``: with
+    """``noise``: what ``gate.calibration.noise_source`` found of the champion's seed noise (None: the gate is
+    uncalibrated with the metrics' floors as hold margins). ``candidate_seed_evals``: with
     ``train.seeds`` > 1, every seed's evaluations (the candidate's own included): the gate compares their mean
     and adds their spread to the seed noise."""
     logger = get_run_logger()
@@ -51,20 +52,9 @@ def gate_task(ctx: RunContext, cfg: GateConfig, registered_model: str, candidate
         version = champion["version"]
         result = {"verdict": "hold", "reason": "the candidate is the champion", "metrics": [], "alpha": cfg.alpha}
     else:
-        champ = _scores(ctx, champion_evals or {})
         per_seed = [_scores(ctx, e) for e in (candidate_seed_evals or {0: candidate_evals}).values()]
-        cand = per_seed[0] if len(per_seed) == 1 else mean_scores(per_seed)
-        run_noise = spread(per_seed) if len(per_seed) > 1 else None
-        metrics = [GateMetric(m.name, m.margin, m.uncalibrated_margin) for m in cfg.metrics
-                   if m.name in cand and m.name in champ]
-        if not metrics:
-            raise ValueError(f"no gate metric was evaluated for both models (configured: "
-                             f"{[m.name for m in cfg.metrics]}, evaluated: {sorted(cand)})")
-        cal = calibration or {}
-        noise = noise_of(cal) if cal.get("metrics") else None
-        verdict = gate(cand, champ, metrics, cfg.alpha, noise, cal.get("uri") if noise else None,
-                       cal.get("hold_margins"), cal.get("advice", "codemill calibrate"), run_noise, len(per_seed),
-                       cal.get("hold_margins_from"))
+        metrics = [GateMetric(m.name, m.margin, m.uncalibrated_margin) for m in cfg.metrics]
+        verdict = decide(collect(per_seed, _scores(ctx, champion_evals or {}), metrics, noise), cfg.alpha)
         result = verdict.as_dict()
         version = registry.promote(candidate.model_id, model_tags(candidate)) if verdict.verdict == "promote" \
             else champion["version"]
@@ -72,8 +62,8 @@ def gate_task(ctx: RunContext, cfg: GateConfig, registered_model: str, candidate
                "candidate_model_id": candidate.model_id,
                "previous_champion_model_id": (champion or {}).get(T.MODEL_ID),
                "mlflow_run_id": ctx.parent_run_id, "tracking_uri": ctx.tracking_uri,
-               "noise_source": (calibration or {}).get("source", "none"),
-               "calibrate_advice": (calibration or {}).get("advice", "codemill calibrate"),
+               "noise_source": (noise or NoiseSource()).source,
+               "calibrate_advice": (noise or NoiseSource()).advice,
                "candidate_seeds": sorted(candidate_seed_evals or [])}
     codemill.metrics.get().gate_verdicts.labels(result["verdict"]).inc()
     report = _report(result)
@@ -87,8 +77,6 @@ def gate_task(ctx: RunContext, cfg: GateConfig, registered_model: str, candidate
 
 
 def _report(result: dict[str, Any]) -> str:
-    from codemill.evals.gate import GateVerdict, MetricEvidence
-
     v = GateVerdict(result["verdict"], result["alpha"], result["reason"],
                     [MetricEvidence(**m) for m in result["metrics"]], result.get("calibrated", False),
                     result.get("calibration"))

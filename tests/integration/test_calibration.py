@@ -78,10 +78,10 @@ def test_a_calibration_of_the_nightly_recipe_survives_a_new_champion_and_seeds_i
     """``calibrate --from-champion`` fine-tunes its seeds from the champion; once a fine-tuned model is the
     champion, the gate finds that calibration (the recipe leaves out the starting weights), night after night.
     ``train.seeds: 3`` trains the candidate three times and gates the mean with their spread."""
-    from codemill.evals.calibration import gate_noise
     from codemill.flows.calibrate import calibrate
     from codemill.flows.nightly import nightly
     from codemill.flows.pipeline import pipeline
+    from codemill.gate.calibration import noise_source
     from codemill.store import ArtifactStore
 
     cfg = small_pipeline_config(small_corpus, tmp_path, max_steps=STEPS)
@@ -109,8 +109,8 @@ def test_a_calibration_of_the_nightly_recipe_survives_a_new_champion_and_seeds_i
     assert g2["calibrated"] and g2["noise_source"] == "calibration" and g2["calibration"] == cal["calibration"], g2
     assert _bpb(night2)["n_seeds"] == 2
     store = ArtifactStore(cfg.store_root)
-    found = gate_noise(store, night2["stages"]["train"]["ref"]["digest"], cfg.evaluate.digest_config(), ["val_bpb"])
-    assert found["recipe_key"] == cal["recipe_key"] and found["advice"].endswith("--from-champion")
+    found = noise_source(store, night2["stages"]["train"]["ref"]["digest"], cfg.evaluate.digest_config(), ["val_bpb"])
+    assert found.recipe_key == cal["recipe_key"] and found.advice.endswith("--from-champion")
 
     seeded = cfg.model_copy(deep=True)
     seeded.train.seed, seeded.train.seeds = 2000, 3

@@ -27,8 +27,8 @@ def installed_wheel(tmp_path_factory) -> Path:
 def test_only_codemill_at_top_level(installed_wheel):
     top = {p.name for p in installed_wheel.iterdir() if not p.name.endswith(".dist-info") and p.name != "bin"}
     assert top == {"codemill"}
-    for sub in ("data", "models", "evals", "rl", "rl/algorithms", "sandbox", "problems", "problems/plus", "repos",
-                "tasks", "flows", "configs"):
+    for sub in ("data", "models", "evals", "gate", "rl", "rl/algorithms", "sandbox", "problems", "problems/plus",
+                "repos", "tasks", "flows", "configs"):
         init = installed_wheel / "codemill" / sub / "__init__.py"
         assert init.is_file() and not init.parent.is_symlink(), sub  # the files, not the checkout's symlinks
     assert (installed_wheel / "codemill" / "configs" / "tiny.yaml").exists()

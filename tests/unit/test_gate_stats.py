@@ -3,9 +3,9 @@ import math
 import numpy as np
 import pytest
 
-from codemill.evals.gate import GateMetric, ItemScores, gate, markdown_report
 from codemill.evals.humaneval import STOP_SEQUENCES, pass_at_k
 from codemill.evals.stats import (
+    ItemScores,
     bootstrap_ratio_ci,
     holm,
     mcnemar_exact,
@@ -14,6 +14,9 @@ from codemill.evals.stats import (
     paired_difference,
     ratio_estimate_se,
 )
+from codemill.gate.evidence import GateMetric, collect
+from codemill.gate.policy import decide
+from codemill.gate.report import markdown_report
 from codemill.models.engines import truncate_at_stop
 
 
@@ -111,10 +114,10 @@ def test_gate_promotes_better_flags_worse_and_holds_same():
     worse = base + bytes_ * 0.2
     metrics = [GateMetric("bpb", margin=0.01)]
     champ = {"bpb": _scores(base, bytes_, ids, clusters)}
-    assert gate({"bpb": _scores(better, bytes_, ids, clusters)}, champ, metrics).verdict == "promote"
-    worse_v = gate({"bpb": _scores(worse, bytes_, ids, clusters)}, champ, metrics)
+    assert decide(collect([{"bpb": _scores(better, bytes_, ids, clusters)}], champ, metrics)).verdict == "promote"
+    worse_v = decide(collect([{"bpb": _scores(worse, bytes_, ids, clusters)}], champ, metrics))
     assert worse_v.verdict == "regression" and worse_v.metrics[0].p_regression_holm < 1e-6
-    same = gate(champ, champ, metrics)
+    same = decide(collect([champ], champ, metrics))
     assert same.verdict == "hold" and same.metrics[0].diff == 0
     assert "regression" in markdown_report(worse_v, "gate")
 
@@ -123,4 +126,4 @@ def test_gate_needs_shared_items():
     a = ItemScores(np.array(["a"]), np.array([1.0]), np.array([1.0]), np.array([0]), True)
     b = ItemScores(np.array(["b"]), np.array([1.0]), np.array([1.0]), np.array([0]), True)
     with pytest.raises(ValueError, match="share no items"):
-        gate({"m": a}, {"m": b}, [GateMetric("m")])
+        decide(collect([{"m": a}], {"m": b}, [GateMetric("m")]))

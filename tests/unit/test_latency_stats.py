@@ -9,11 +9,11 @@ import numpy as np
 import polars as pl
 import pytest
 
-from codemill.config import GateConfig
 from codemill.evals import latency as lat
 from codemill.evals import suites
 from codemill.evals.config import EvalConfig
 from codemill.evals.suites import latency as suite
+from codemill.gate.config import GateConfig
 from codemill.report import LOG_WIDTH, comparison_text, metric_lines, summary_lines
 
 MS = lat.NS_PER_MS

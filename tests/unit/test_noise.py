@@ -8,9 +8,10 @@ import math
 import numpy as np
 import pytest
 
-from codemill.evals.calibration import calibrate, config_key
-from codemill.evals.gate import GateMetric, ItemScores, gate, markdown_report
-from codemill.evals.noise import (
+from codemill.evals.stats import ItemScores
+from codemill.gate.calibration import config_key
+from codemill.gate.evidence import GateMetric, NoiseSource, collect
+from codemill.gate.noise import (
     UNCALIBRATED_MARGINS,
     NoiseModel,
     SeedNoise,
@@ -21,6 +22,9 @@ from codemill.evals.noise import (
     satterthwaite_df,
     seed_noise,
 )
+from codemill.gate.policy import decide
+from codemill.gate.report import markdown_report
+from codemill.gate.scores import calibrate
 from codemill.report import comparison_text, gate_noise_table
 
 Z95, Z80 = 1.6448536269514722, 0.8416212335729143  # standard normal quantiles
@@ -78,23 +82,24 @@ def _bpb(diff_per_byte: float, noise: float = 0.001, n: int = 200, seed: int = 0
 
 def test_gate_uncalibrated_holds_below_the_default_margin_and_says_so():
     cand, champ = _bpb(0.05)  # 0.05 bpb better, item SE tiny: significant on items alone
-    v = gate(cand, champ, [GateMetric("val_bpb", 0.01)])
+    v = decide(collect([cand], champ, [GateMetric("val_bpb", 0.01)]))
     (e,) = v.metrics
     assert e.p_improvement_holm < 1e-6 and e.diff == pytest.approx(0.05, abs=0.002)
     assert v.verdict == "hold" and "uncalibrated" in v.reason and not v.calibrated
     assert "**uncalibrated**" in markdown_report(v, "gate")
     # the same evidence with a smaller configured hold margin is a promote, still flagged uncalibrated
-    v2 = gate(cand, champ, [GateMetric("val_bpb", 0.01, uncalibrated_margin=0.02)])
+    v2 = decide(collect([cand], champ, [GateMetric("val_bpb", 0.01, uncalibrated_margin=0.02)]))
     assert v2.verdict == "promote" and "uncalibrated" in v2.reason
     worse_c, worse_h = _bpb(-0.05)
-    assert gate(worse_c, worse_h, [GateMetric("val_bpb", 0.01)]).verdict == "hold"
-    assert gate(worse_c, worse_h, [GateMetric("val_bpb", 0.01, 0.02)]).verdict == "regression"
+    assert decide(collect([worse_c], worse_h, [GateMetric("val_bpb", 0.01)])).verdict == "hold"
+    assert decide(collect([worse_c], worse_h, [GateMetric("val_bpb", 0.01, 0.02)])).verdict == "regression"
 
 
 def test_gate_adds_twice_the_seed_variance():
     cand, champ = _bpb(0.05)
     noisy = {"val_bpb": seed_noise("val_bpb", [2.40, 2.50, 2.45, 2.55, 2.35])}  # seed SD 0.079
-    v = gate(cand, champ, [GateMetric("val_bpb", 0.01)], noise=noisy, calibration="store/calibrate/noise-x")
+    v = decide(collect([cand], champ, [GateMetric("val_bpb", 0.01)],
+                       NoiseSource("calibration", noisy, "store/calibrate/noise-x")))
     (e,) = v.metrics
     var = noisy["val_bpb"].seed_var
     assert var == pytest.approx(0.00625)
@@ -108,7 +113,8 @@ def test_gate_adds_twice_the_seed_variance():
     assert e.mde == pytest.approx((stats.t.ppf(0.95, e.df) + stats.t.ppf(0.8, e.df)) * e.se)
     assert v.verdict == "hold" and v.calibrated and "uncalibrated" not in v.reason  # 0.05 is within seed noise
     quiet = {"val_bpb": seed_noise("val_bpb", [2.450, 2.451, 2.449, 2.450, 2.4505])}
-    assert gate(cand, champ, [GateMetric("val_bpb", 0.01)], noise=quiet).verdict == "promote"
+    quiet_v = decide(collect([cand], champ, [GateMetric("val_bpb", 0.01)], NoiseSource("calibration", quiet)))
+    assert quiet_v.verdict == "promote"
     md = markdown_report(v, "gate")
     assert "calibrated, between-seed variance from 5 seeds (store/calibrate/noise-x)" in md
     assert f"{e.seed_sd:.4f} (5)" in md and f"{e.mde:.4f}" in md
@@ -135,8 +141,8 @@ def test_config_key_ignores_only_the_seed():
 
 def test_reports_fit_in_80_columns_and_show_both_components():
     cand, champ = _bpb(0.05)
-    v = gate(cand, champ, [GateMetric("val_bpb", 0.01)],
-             noise={"val_bpb": seed_noise("val_bpb", [2.4, 2.5, 2.45])}).as_dict()
+    noise = NoiseSource("calibration", {"val_bpb": seed_noise("val_bpb", [2.4, 2.5, 2.45])})
+    v = decide(collect([cand], champ, [GateMetric("val_bpb", 0.01)], noise)).as_dict()
     result = {"model_a": "m-" + "a" * 32, "model_b": "m-" + "b" * 32, "alpha": 0.05, **v,
               "calibration": "/very/long/path/" + "x" * 90}
     text = comparison_text(result)

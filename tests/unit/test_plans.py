@@ -149,7 +149,7 @@ def test_describe_tells_run_from_skip_and_writes_nothing(tmp_path: Path) -> None
 
 
 def test_train_seeds_plans_the_other_seeds_as_steps_that_share_the_data(tmp_path: Path) -> None:
-    from codemill.evals.calibration import recipe_key, recipe_of_plans
+    from codemill.gate.calibration import recipe_key, recipe_of_plans
 
     cfg = load_preset("tiny")
     one = {s.key: s for s in _steps(tmp_path, cfg)}

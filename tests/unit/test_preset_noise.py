@@ -12,12 +12,15 @@ import pytest
 from scipy import stats
 
 from codemill.config import load_preset, preset_names
-from codemill.evals import preset_noise as pn
-from codemill.evals.calibration import calibrate, calibrate_command, mean_scores, recipe_key, recipe_of_plans
-from codemill.evals.gate import GateMetric, ItemScores, gate
-from codemill.evals.noise import UNCALIBRATED_MARGINS, SeedNoise, noise_model, seed_noise
+from codemill.evals.stats import ItemScores
 from codemill.evals.suites import SUITE_OF_METRIC
 from codemill.flows.plan import config_recipe
+from codemill.gate import preset_noise as pn
+from codemill.gate.calibration import calibrate_command, recipe_key, recipe_of_plans
+from codemill.gate.evidence import GateMetric, NoiseSource, collect
+from codemill.gate.noise import UNCALIBRATED_MARGINS, SeedNoise, noise_model, seed_noise
+from codemill.gate.policy import decide
+from codemill.gate.scores import calibrate, mean_scores
 from codemill.plan import StagePlan
 
 
@@ -145,26 +148,25 @@ def test_candidate_seeds_are_averaged_and_their_spread_pooled_with_the_calibrati
     assert alone.se == pytest.approx(math.sqrt(0.01**2 + (1 + 1 / 3) * run.seed_var))
     assert alone.df == pytest.approx((0.01**2 + 4 / 3 * run.seed_var) ** 2 / ((4 / 3 * run.seed_var) ** 2 / 2))
     champion = _scores(0.0, seed=9)
-    v = gate(mean_scores(per_seed), champion, [GateMetric("val_bpb", 0.01)], run_noise={"val_bpb": run},
-             candidate_seeds=3)
+    v = decide(collect(per_seed, champion, [GateMetric("val_bpb", 0.01)]))
     (e,) = v.metrics
     assert v.calibrated and e.n_seeds == 3 and e.candidate_seeds == 3 and e.candidate_seed_sd is None
     assert e.se == pytest.approx(math.sqrt(e.se_item**2 + 4 / 3 * run.seed_var))
-    (e2,) = gate(mean_scores(per_seed), champion, [GateMetric("val_bpb", 0.01)], noise={"val_bpb": shipped},
-                 run_noise={"val_bpb": run}, candidate_seeds=3).metrics
+    (e2,) = decide(collect(per_seed, champion, [GateMetric("val_bpb", 0.01)],
+                           NoiseSource("preset", {"val_bpb": shipped}))).metrics
     assert e2.n_seeds == 5 and e2.candidate_seed_sd == pytest.approx(run.seed_sd)
     assert e2.seed_sd == pytest.approx(shipped.seed_sd)
 
 
 def test_an_uncalibrated_verdict_names_the_command_that_calibrates():
     cand, champ = _scores(0.05, seed=1), _scores(0.0, seed=2)
-    v = gate(cand, champ, [GateMetric("val_bpb", 0.01)], hold_margins={"val_bpb": 0.5},
-             advice="codemill calibrate --seeds 10 --from-champion")
+    held = NoiseSource(hold_margins={"val_bpb": 0.5}, advice="codemill calibrate --seeds 10 --from-champion")
+    v = decide(collect([cand], champ, [GateMetric("val_bpb", 0.01)], held))
     (e,) = v.metrics
     assert v.verdict == "hold" and e.hold_margin == 0.5
     assert "uncalibrated: needs `codemill calibrate --seeds 10 --from-champion`" in v.reason
     # a metric's own configured margin wins over the derived one
-    assert gate(cand, champ, [GateMetric("val_bpb", 0.01, 0.02)], hold_margins={"val_bpb": 0.5}).verdict == "promote"
+    assert decide(collect([cand], champ, [GateMetric("val_bpb", 0.01, 0.02)], held)).verdict == "promote"
 
 
 @pytest.mark.parametrize("name", preset_names())

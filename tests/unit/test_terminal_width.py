@@ -18,8 +18,10 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from codemill import cli
-from codemill.evals.gate import GateMetric, ItemScores, gate
+from codemill.evals.stats import ItemScores
 from codemill.flows.common import scores_of
+from codemill.gate.evidence import GateMetric, collect
+from codemill.gate.policy import decide
 from codemill.layout import num, signed
 from codemill.store import ArtifactStore
 from codemill.tasks.common import StageResult
@@ -105,7 +107,7 @@ def _verdict(champion_version: str = "12") -> dict:
         higher = name != "val_bpb"
         cand[name] = ItemScores(ids, a, np.ones(n), clusters, higher, binary=binary)
         champ[name] = ItemScores(ids, b, np.ones(n), clusters, higher, binary=binary)
-    v = gate(cand, champ, [GateMetric(m) for m in cand]).as_dict()
+    v = decide(collect([cand], champ, [GateMetric(m) for m in cand])).as_dict()
     return v | {"registered_model": "codemill-python-small-experiment", "alias": "champion",
                 "champion_version": champion_version, "calibrate_advice": "codemill calibrate --seeds 10"}
 
@@ -274,7 +276,7 @@ def test_the_calibration_table_names_each_metric_whole(store: ArtifactStore, wid
 
 @pytest.mark.parametrize("width", WIDTHS)
 def test_compare_fits(width: int) -> None:
-    from codemill.evals.compare import render_comparison
+    from codemill.compare import render_comparison
 
     result = {"model_a": "m-" + "a" * 32, "model_b": "m-" + "b" * 32, **_verdict(),
               "calibration": "/srv/experiments/code-models/shared-artifact-store/calibration/noise-0a1b2c3d4e5f"}

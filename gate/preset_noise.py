@@ -2,7 +2,7 @@
 
 Each preset ``codemill/configs/<name>.yaml`` has a ``<name>.noise.json`` beside it, written by
 ``python -m benchmarks.preset_noise --preset <name>``: the recipe key of the preset's training (see
-``evals.calibration``), a digest of each suite's eval config, the train config it was measured on and, per
+``gate.calibration``), a digest of each suite's eval config, the train config it was measured on and, per
 metric, every seed's value (``SeedNoise``), plus when, where and on which commit it was measured. A preset that
 could not be measured on the machines at hand has ``"measured": null`` and a reason.
 
@@ -14,7 +14,7 @@ The gate reads it in two ways:
 - a champion of any other recipe, never calibrated, gets a **hold margin** per metric derived from the nearest
   measured preset, scaled so that a seed-only retrain of that preset crosses one of the gate's margins in at
   most 2.5% of runs even when the measured seed SD is an underestimate (``safe_hold_margin``), and never below
-  the floors of ``evals.noise``. For another recipe that is an assumption: its noise resembles the nearest
+  the metric's floor (``Metric.hold_margin``). For another recipe that is an assumption: its noise resembles the nearest
   preset's.
 
 No Prefect, no MLflow.
@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
-from codemill.evals.noise import SeedNoise, uncalibrated_margin
 from codemill.evals.suites import METRICS, SUITE_OF_METRIC
+from codemill.gate.noise import SeedNoise, uncalibrated_margin
 from codemill.hashing import digest_of
 
 NOISE_SUFFIX = ".noise.json"
@@ -162,7 +162,7 @@ def safe_hold_margin(noise: SeedNoise, n_metrics: int = 1, false_rate: float = F
 
 def hold_margins(preset: PresetNoise | None, metrics: list[str], n_metrics: int | None = None) -> dict[str, float]:
     """The uncalibrated hold margin of each metric of a gate of ``n_metrics`` (default: len(metrics)): the safe
-    margin from ``preset``'s measurement, never below the metric's floor in ``evals.noise``."""
+    margin from ``preset``'s measurement, never below the metric's floor (``Metric.hold_margin``)."""
     out = {}
     for m in metrics:
         floor = uncalibrated_margin(m)

@@ -14,7 +14,7 @@ seeds (``train.seeds``), its training contributes s2 / N, from its own seeds' sp
 (``NoiseModel``): Var(diff) = SE_item^2 + s2_champion + s2_candidate / N.
 
 With no calibration for the champion's config the gate cannot know the seed noise; it then tests on the item
-SE alone but treats any difference smaller than a hold margin (``evals.preset_noise``: derived from the seed
+SE alone but treats any difference smaller than a hold margin (``gate.preset_noise``: derived from the seed
 noise of the nearest shipped preset, never below the metric's floor, ``Metric.hold_margin`` in its suite) as no
 difference: a hold, never a promote or a regression.
 
@@ -41,7 +41,7 @@ from codemill.evals import suites
 
 # The floors of the uncalibrated hold margins: with no calibration for the champion's config, differences
 # smaller than a hold margin are "no difference". The margin itself comes from the seed noise measured on the
-# nearest shipped preset (``evals.preset_noise.hold_margins``), scaled so that a seed-only retrain crosses it in
+# nearest shipped preset (``gate.preset_noise.hold_margins``), scaled so that a seed-only retrain crosses it in
 # under 2.5% of runs; these floors apply where that is smaller, or where no preset measured the metric. Each
 # metric declares its floor (``Metric.hold_margin``); a metric no suite reports gets DEFAULT_UNCALIBRATED_MARGIN.
 UNCALIBRATED_MARGINS: dict[str, float] = {name: m.hold_margin for name, m in suites.METRICS.items()}

@@ -1,5 +1,6 @@
-"""Noise calibrations: which trainings are seeds of one another, which calibration applies to a model, the
-per-metric seed noise of N seeds' evaluations, and finding a calibration in the store. No Prefect, no MLflow.
+"""Noise calibrations: which trainings are seeds of one another, which calibration applies to a model, and the
+gate's noise source: a calibration in the store, else a preset's shipped noise (``noise_source``). The seed noise
+of N seeds' evaluations is ``scores.calibrate``. No Prefect, no MLflow.
 
 Two keys, for two questions:
 
@@ -20,14 +21,14 @@ on the same eval items, the between-seed SD and the RMS paired item-level SE bet
 
 from __future__ import annotations
 
-import itertools
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from codemill.evals.noise import SeedNoise, detectable, noise_model, seed_noise
-from codemill.evals.stats import ItemScores, paired_difference
+from codemill.gate import preset_noise as pn
+from codemill.gate.evidence import NoiseSource, Source
+from codemill.gate.noise import SeedNoise, detectable, noise_model
 from codemill.hashing import stage_digest
 from codemill.store import ArtifactRef, ArtifactStore, Manifest
 
@@ -141,43 +142,6 @@ def seeds_of_key(store: ArtifactStore, key: str) -> dict[int, Manifest]:
     return out
 
 
-def metric_value(s: ItemScores) -> float:
-    return float(s.values.sum() / s.weights.sum())
-
-
-def shared_metrics(per_seed: Sequence[Mapping[str, ItemScores]]) -> list[str]:
-    """The metrics every seed was scored on, in order."""
-    return sorted(set.intersection(*(set(s) for s in per_seed)))
-
-
-def calibrate(per_seed: Sequence[Mapping[str, ItemScores]]) -> dict[str, SeedNoise]:
-    """Each metric all seeds were scored on: every seed's value and the RMS paired item SE over seed pairs."""
-    if len(per_seed) < 2:
-        raise ValueError(f"a calibration needs at least 2 seeds, got {len(per_seed)}")
-    out: dict[str, SeedNoise] = {}
-    for name in shared_metrics(per_seed):
-        scores = [s[name] for s in per_seed]
-        ses = []
-        for a, b in itertools.combinations(scores, 2):
-            ids, ia, ib = _common(a, b)
-            ses.append(paired_difference(a.values[ia], b.values[ib], weights=a.weights[ia], clusters=a.clusters[ia],
-                                         higher_is_better=a.higher_is_better).se)
-        out[name] = seed_noise(name, [metric_value(s) for s in scores], ses)
-    return out
-
-
-def spread(per_seed: Sequence[Mapping[str, ItemScores]]) -> dict[str, SeedNoise]:
-    """Each metric's between-seed spread of its value (no paired item SEs: only the variance is needed, and
-    ``train.seeds`` may be large)."""
-    return {m: seed_noise(m, [metric_value(s[m]) for s in per_seed]) for m in shared_metrics(per_seed)}
-
-
-def _common(a: ItemScores, b: ItemScores):
-    import numpy as np
-
-    return np.intersect1d(a.item_ids, b.item_ids, return_indices=True)
-
-
 def summary_rows(noise: Mapping[str, SeedNoise], alpha: float, margins: Mapping[str, float]) -> list[dict[str, Any]]:
     """Per metric what a researcher reads before a run: seed SD, item SE, the SE of a comparison of two
     independent trainings and the MDE of an improvement / a regression at 80% power (alpha / m, m metrics)."""
@@ -226,61 +190,34 @@ def calibrate_command(recipe: Mapping[str, Any] | None, seeds: int = 10) -> str:
 def calibrated_metrics(payload: Mapping[str, Any], evaluate_config: Mapping[str, Any]) -> dict[str, Any]:
     """The metrics of a calibration whose suite was evaluated with the settings configured now (other settings
     score other items, whose noise this is not)."""
-    from codemill.evals import preset_noise as pn
-
     return pn.same_suite_settings(payload["metrics"], payload.get("suite_digests") or {}, evaluate_config)
 
 
-def gate_noise(store: ArtifactStore, champion_digest: str | None, evaluate_config: Mapping[str, Any],
-               metrics: Sequence[str], config_recipes: Sequence[str] = ()) -> dict[str, Any]:
-    """What the gate knows of the champion's seed noise, per metric, first found first:
+def noise_source(store: ArtifactStore, reference_digest: str | None, evaluate_config: Mapping[str, Any],
+                 metrics: Sequence[str], config_recipes: Sequence[str] = ()) -> NoiseSource:
+    """What the gate knows of the reference's (the champion's) seed noise, per metric, first found first:
 
-    1. a calibration of the champion's recipe in this store (``codemill calibrate``);
+    1. a calibration of the reference's recipe in this store (``codemill calibrate``);
     2. the noise shipped with a preset of the same recipe and suite settings;
     3. none: the metric is uncalibrated, with a hold margin from the nearest measured preset.
 
     ``config_recipes``: the recipe keys that ``codemill calibrate`` of this run's config would measure (from
-    scratch, and from the champion); when the champion's is not among them the advice says so.
-    Returns the gate task's ``calibration`` argument: ``metrics`` (noise.json's shape, possibly empty), ``uri``
-    (where the noise came from), ``source``, ``hold_margins`` (of the uncalibrated metrics), ``hold_margins_from``
-    and ``advice`` (the command that calibrates)."""
-    from codemill.evals import preset_noise as pn
-
-    recipe = model_recipe(store, champion_digest)
+    scratch, and from the champion); when the reference's is not among them the advice says so."""
+    recipe = model_recipe(store, reference_digest)
     key = recipe_key(recipe) if recipe is not None else None
     presets = pn.load_preset_noise()
     advice = calibrate_command(recipe)
     if key and config_recipes and key not in config_recipes:
         advice += " with the champion's config"
     found = find_calibration(store, key) if key else None
-    own = calibrated_metrics(found[1], evaluate_config) if found else {}
+    own = noise_of({"metrics": calibrated_metrics(found[1], evaluate_config)}) if found else {}
     shipped = pn.matching(presets, key, evaluate_config)
-    borrowed = {m: n.as_dict() for m, n in (shipped[1] if shipped else {}).items() if m not in own}
+    borrowed = {m: n for m, n in (shipped[1] if shipped else {}).items() if m not in own}
     labels = ([found[0].uri] if found and own else []) + ([shipped[0].label] if shipped and borrowed else [])
-    source = "+".join(n for n, used in (("calibration", own), ("preset", borrowed)) if used) or "none"
+    source: Source = ("calibration+preset" if own and borrowed else "calibration" if own else "preset" if borrowed
+                      else "none")
     near = pn.nearest(presets, recipe["train"]["config"] if recipe else None)
     calibrated = {**own, **borrowed}
-    return {"source": source, "uri": "; ".join(labels) or None, "metrics": calibrated, "recipe_key": key,
-            "advice": advice, "hold_margins": pn.hold_margins(near, [m for m in metrics if m not in calibrated],
-                                                               len(metrics)),
-            "hold_margins_from": near.preset if near else None}
-
-
-def mean_scores(per_seed: Sequence[Mapping[str, ItemScores]]) -> dict[str, ItemScores]:
-    """Per metric, the per-item mean over seeds' models on the items all of them were scored on: the
-    candidate of a ``train.seeds`` run."""
-    import numpy as np
-
-    out: dict[str, ItemScores] = {}
-    for name in shared_metrics(per_seed):
-        scores = [s[name] for s in per_seed]
-        common = scores[0].item_ids
-        for sc in scores[1:]:
-            common = np.intersect1d(common, sc.item_ids)
-        # each seed's row of every common item, in the (sorted) order of ``common``
-        rows = [np.intersect1d(common, sc.item_ids, return_indices=True)[2] for sc in scores]
-        first = scores[0]
-        out[name] = ItemScores(common, np.mean([sc.values[r] for sc, r in zip(scores, rows, strict=True)], axis=0),
-                               first.weights[rows[0]], first.clusters[rows[0]], first.higher_is_better,
-                               first.binary and len(scores) == 1)  # a mean of pass/fail is not pass/fail
-    return out
+    return NoiseSource(source, calibrated, "; ".join(labels) or None,
+                       pn.hold_margins(near, [m for m in metrics if m not in calibrated], len(metrics)),
+                       near.preset if near else None, advice, key)

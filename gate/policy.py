@@ -1,14 +1,15 @@
-"""The regression gate: is a candidate model worse than the champion on the same items?
+"""The gate's policy: given the evidence (``evidence.collect``), is the candidate worse than the champion?
 
 For each metric, with per-item paired differences d (oriented so positive = candidate better), a
 cluster-robust item-level SE and, when the champion's config was calibrated (``codemill calibrate``), twice its
-between-seed variance (``evals.noise``: SE^2 = SE_item^2 + 2 s2, Student t with Satterthwaite df):
+between-seed variance (``gate.noise``: SE^2 = SE_item^2 + 2 s2, Student t with Satterthwaite df):
 - regression test, H0: D >= -margin vs H1: D < -margin (candidate worse by more than the margin);
 - improvement test, H0: D <= 0 vs H1: D > 0.
 Holm's correction runs across metrics within each family. Verdict: ``regression`` if any metric's corrected
 regression p < alpha; else ``promote`` if any corrected improvement p < alpha; else ``hold``. Uncalibrated, the
-seed noise is unknown: a metric whose |diff| is below its default hold margin (``evals.noise``) counts as
-neither worse nor better, and the reason says "uncalibrated".
+seed noise is unknown: a metric whose |diff| is below its hold margin (the noise source's, else the metric's
+floor) counts as neither worse nor better, and the reason says "uncalibrated" and names the command that
+calibrates (the advice line).
 """
 
 from __future__ import annotations
@@ -18,15 +19,9 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from codemill.evals.noise import SeedNoise, detectable, noise_model, one_sided_pvalues, t_quantile
 from codemill.evals.stats import ItemScores, PairedDifference, holm, mcnemar_exact, paired_difference
-
-
-@dataclass(frozen=True)
-class GateMetric:
-    name: str
-    margin: float = 0.0
-    uncalibrated_margin: float | None = None  # None: evals.noise's documented default for the metric
+from codemill.gate.evidence import Evidence, NoiseSource
+from codemill.gate.noise import SeedNoise, detectable, noise_model, one_sided_pvalues, t_quantile
 
 
 @dataclass
@@ -34,7 +29,7 @@ class MetricEvidence(PairedDifference):
     """The paired difference of one metric plus the two tests' p-values (flat, so it reads well as JSON).
 
     ``se`` (and the CI) is the total SE the tests use: ``sqrt(se_item^2 + 2 seed_sd^2)`` for two single
-    trainings (``evals.noise.NoiseModel`` for a candidate that is the mean of several seeds)."""
+    trainings (``gate.noise.NoiseModel`` for a candidate that is the mean of several seeds)."""
 
     metric: str
     candidate: float
@@ -104,28 +99,23 @@ def compare_metric(name: str, cand: ItemScores, champ: ItemScores, margin: float
     return ev
 
 
-def gate(candidate: dict[str, ItemScores], champion: dict[str, ItemScores], metrics: list[GateMetric],
-         alpha: float = 0.05, noise: dict[str, SeedNoise] | None = None,
-         calibration: str | None = None, hold_margins: dict[str, float] | None = None,
-         advice: str = "codemill calibrate", run_noise: dict[str, SeedNoise] | None = None,
-         candidate_seeds: int = 1, margins_from: str | None = None) -> GateVerdict:
-    """``noise``: the champion config's between-seed noise per metric (None or a missing metric: uncalibrated,
-    tested on the item SE alone with differences below the metric's hold margin counted as none).
-    ``hold_margins``: the uncalibrated hold margin per metric (``evals.preset_noise.hold_margins``); a metric's
-    own ``uncalibrated_margin`` wins, a metric in neither gets the floor of ``evals.noise``. ``advice``: the
-    command that would calibrate the champion's config, named in the reason of an uncalibrated verdict.
-    ``candidate_seeds`` > 1: ``candidate`` is the mean of that many seeds' scores and ``run_noise`` their
-    spread, each charged to its own training (``evals.noise.noise_model``). ``margins_from``: the preset whose
-    noise the hold margins were derived from, named in the reason."""
-    missing = [m.name for m in metrics if m.name not in candidate or m.name not in champion]
-    if missing:
-        raise ValueError(f"metrics missing from an evaluation: {missing}")
-    noise = noise or {}
-    margins = hold_margins or {}
-    evidence = [compare_metric(m.name, candidate[m.name], champion[m.name], m.margin, noise.get(m.name), alpha,
-                               len(metrics), m.uncalibrated_margin if m.uncalibrated_margin is not None
-                               else margins.get(m.name), run_noise=(run_noise or {}).get(m.name),
-                               candidate_seeds=candidate_seeds) for m in metrics]
+def decide(evidence: Evidence, alpha: float = 0.05) -> GateVerdict:
+    """Promote, hold or regression, with the reason. A calibrated metric is tested with the reference's
+    between-seed noise (``evidence.noise.metrics``); an uncalibrated one on the item SE alone, with differences
+    below its hold margin counted as none: its own ``uncalibrated_margin``, else the noise source's hold margin,
+    else its floor. A candidate of several seeds is charged its own spread (``gate.noise.noise_model``)."""
+    source, seeds = evidence.noise, evidence.candidate_seeds
+    tests = [compare_metric(m.name, evidence.candidate[m.name], evidence.reference[m.name], m.margin,
+                            source.metrics.get(m.name), alpha, len(evidence.metrics),
+                            m.uncalibrated_margin if m.uncalibrated_margin is not None
+                            else source.hold_margins.get(m.name), run_noise=evidence.run_noise.get(m.name),
+                            candidate_seeds=seeds) for m in evidence.metrics]
+    return _verdict(tests, alpha, source, seeds)
+
+
+def _verdict(evidence: list[MetricEvidence], alpha: float, source: NoiseSource, candidate_seeds: int) -> GateVerdict:
+    """The Holm-corrected tests' verdict and its reason (with the advice line when uncalibrated)."""
+    calibration = source.uri if source.metrics else None
     for ev, adj in zip(evidence, holm([e.p_regression for e in evidence]), strict=True):
         ev.p_regression_holm = adj
     for ev, adj in zip(evidence, holm([e.p_improvement for e in evidence]), strict=True):
@@ -136,8 +126,8 @@ def gate(candidate: dict[str, ItemScores], champion: dict[str, ItemScores], metr
     note = ""
     if uncalibrated:
         held = [e.metric for e in uncalibrated if abs(e.diff) <= e.hold_margin]
-        origin = f" (from preset {margins_from}'s seed noise)" if margins_from else ""
-        note = (f"; uncalibrated: needs `{advice}` (no seed noise for the champion's recipe on "
+        origin = f" (from preset {source.hold_margins_from}'s seed noise)" if source.hold_margins_from else ""
+        note = (f"; uncalibrated: needs `{source.advice}` (no seed noise for the champion's recipe on "
                 f"{[e.metric for e in uncalibrated]}), so differences below the hold margin{origin} count as none"
                 + (f" (held: {held})" if held else ""))
     if candidate_seeds > 1:
@@ -151,39 +141,3 @@ def gate(candidate: dict[str, ItemScores], champion: dict[str, ItemScores], metr
                            evidence, calibrated, calibration)
     return GateVerdict("hold", alpha, "no significant difference from the champion" + note, evidence, calibrated,
                        calibration)
-
-
-SE_FORMULA = ("SE = sqrt(SE item^2 + 2 x seed SD^2), or sqrt(SE item^2 + seed SD^2 + candidate seed SD^2 / N) "
-              "for a candidate that is the mean of N seeds")
-
-
-def noise_line(v: GateVerdict) -> str:
-    """One sentence on where the gate's noise came from."""
-    if v.calibrated:
-        seeds = sorted({e.n_seeds for e in v.metrics})
-        return (f"Noise: calibrated, between-seed variance from {'/'.join(map(str, seeds))} seeds"
-                f"{f' ({v.calibration})' if v.calibration else ''}; {SE_FORMULA}.")
-    return ("Noise: **uncalibrated** (no seed noise for the champion's recipe): SE is the item-level SE alone, "
-            "and a difference smaller than the hold margin counts as none.")
-
-
-def markdown_report(v: GateVerdict, title: str) -> str:
-    lines = [f"# {title}", "", f"**Verdict: {v.verdict}** — {v.reason} (alpha {v.alpha}, Holm-corrected)", "",
-             noise_line(v), "",
-             "| metric | candidate | champion | diff (+ = better) | 95% CI | SE item | seed SD (n) | SE total "
-             "| items | clusters | margin | hold margin | p worse (Holm) | p better (Holm) | MDE better / worse "
-             "(80% power) |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for e in v.metrics:
-        seed = f"{e.seed_sd:.4f} ({e.n_seeds})" if e.calibrated else "uncalibrated"
-        lines.append(f"| {e.metric} | {e.candidate:.4f} | {e.champion:.4f} | {e.diff:+.4f} | "
-                     f"[{e.ci_low:+.4f}, {e.ci_high:+.4f}] | {e.se_item:.4f} | {seed} | {e.se:.4f} | {e.n_items} | "
-                     f"{e.n_clusters} | {e.margin} | {e.hold_margin} | {e.p_regression_holm:.3g} | "
-                     f"{e.p_improvement_holm:.3g} | {e.mde:.4f} / {e.mde_worse:.4f} |")
-    for e in v.metrics:
-        if e.mcnemar:
-            lines.append(f"\nMcNemar ({e.metric}): only candidate passed {e.mcnemar['only_candidate_passed']}, "
-                         f"only champion passed {e.mcnemar['only_champion_passed']}, "
-                         f"p = {e.mcnemar['p_two_sided']:.3g}")
-    lines.append("\nMDE: the smallest true difference the gate reports with 80% probability at these items and "
-                 "seeds (alpha / number of metrics, one-sided; see codemill.evals.noise).")
-    return "\n".join(lines) + "\n"

@@ -1,9 +1,11 @@
-"""``codemill compare``: two models' evaluations paired item by item, judged by the gate's statistics.
+"""``codemill compare``: two models' evaluations paired item by item, judged by the gate: the same two steps
+as the gate task (``gate.evidence.collect``, then ``gate.policy.decide``), with a as the candidate and b as the
+reference. This module finds the evaluations through the lineage; the gate package is pure.
 
 Evaluations pair when they scored one suite on the same data with the same hashed config (the manifest's
 ``config`` is exactly what the eval digest hashed, so two runs that differed only in which other suites ran
 beside them still pair). The seed noise of b's recipe is found as the gate finds the champion's
-(``evals.calibration.gate_noise``: a calibration in the store, else a preset's shipped noise); otherwise the
+(``gate.calibration.noise_source``: a calibration in the store, else a preset's shipped noise); otherwise the
 comparison is uncalibrated, as in the gate."""
 
 from __future__ import annotations
@@ -13,8 +15,10 @@ from typing import Any
 import polars as pl
 
 from codemill.evals import suites
-from codemill.evals.calibration import gate_noise, noise_of
-from codemill.evals.gate import GateMetric, ItemScores, gate
+from codemill.evals.stats import ItemScores
+from codemill.gate.calibration import noise_source
+from codemill.gate.evidence import GateMetric, collect
+from codemill.gate.policy import decide
 from codemill.lineage import tags as T
 from codemill.lineage.read import LineageError, LineageReader
 from codemill.lineage.view import manifest_of
@@ -74,11 +78,8 @@ def compare_models(reader: LineageReader, store: ArtifactStore, model_a: str, mo
     if not common:
         raise LineageError(f"{model_a} and {model_b} have no evaluation of one suite on the same data and config "
                            f"(suites evaluated: a {sorted(ea)}, b {sorted(eb)})")
-    found = gate_noise(store, reader.model(model_b).tags.get(T.DIGEST), eval_config, common)
-    noise = noise_of(found) if found["metrics"] else None
-    verdict = gate(scores_a, scores_b, [GateMetric(name) for name in common], alpha, noise,
-                   found["uri"] if noise else None, found["hold_margins"], found["advice"],
-                   margins_from=found["hold_margins_from"])
+    noise = noise_source(store, reader.model(model_b).tags.get(T.DIGEST), eval_config, common)
+    verdict = decide(collect([scores_a], scores_b, [GateMetric(name) for name in common], noise), alpha)
     return {"model_a": model_a, "model_b": model_b, "alpha": alpha, "verdict": verdict.verdict,
             "reason": verdict.reason, "calibrated": verdict.calibrated, "calibration": verdict.calibration,
             "evaluations": used, "metrics": verdict.as_dict()["metrics"],
