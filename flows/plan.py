@@ -27,6 +27,7 @@ from codemill.tasks.common import RunContext, StageResult
 from codemill.tasks.evaluate import evaluate_suite_task, plan_suite
 from codemill.tasks.ingest import ingest_task, plan_ingest
 from codemill.tasks.repo_tasks import STAGE as REPO_TASKS_STAGE
+from codemill.tasks.repo_tasks import fingerprint_repo_sources_task, plan_repo_tasks, repo_tasks_task
 from codemill.tasks.resolve_model import ResolvedModel, trained_model
 from codemill.tasks.tokenize import plan_tokenize, plan_tokenizer, tokenize_task, tokenizer_task
 from codemill.tasks.train import plan_train, train_task
@@ -84,11 +85,11 @@ def augment_steps(cfg: AugmentConfig) -> list[Step]:
     return [Step(AUGMENT_STAGE, "evaluate", plan_augment(cfg), augment_task, {"cfg": cfg})]
 
 
-def repo_task_steps(cfg: RepoTasksConfig) -> list[Step]:
-    """The repository task set, built (or found in the store) in the evaluate phase."""
-    from codemill.flows.repo_tasks import repo_task_steps as planned  # it imports Step from here
-
-    return [replace(s, phase="evaluate") for s in planned(cfg)]
+def repo_task_steps(cfg: RepoTasksConfig, phase: str = "evaluate") -> list[Step]:
+    """The repository task set, its sources' commits resolved and files hashed (the plan's inputs): built (or
+    found in the store) in the evaluate phase of a run whose suite needs it, or as the ``repo_tasks`` flow."""
+    plan = plan_repo_tasks(cfg, fingerprint_repo_sources_task(cfg))
+    return [Step(REPO_TASKS_STAGE, phase, plan, repo_tasks_task, {"cfg": cfg})]
 
 
 # The steps a suite can need before it (``Suite.needs``), by stage: each plans them from the stage's config.

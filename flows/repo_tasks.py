@@ -12,21 +12,14 @@ from prefect.runtime import flow_run
 from codemill.config import PipelineConfig
 from codemill.flows.common import execute, flow_result, flow_run_metrics, flow_run_url, open_flow_run
 from codemill.flows.hooks import record_failure_on_mlflow, run_name_from, tag_current_flow_run
-from codemill.flows.plan import Step
+from codemill.flows.plan import Step, repo_task_steps
 from codemill.lineage import tags as T
-from codemill.repos.config import RepoTasksConfig
-from codemill.tasks.repo_tasks import STAGE, fingerprint_repo_sources_task, plan_repo_tasks, repo_tasks_task
+from codemill.tasks.repo_tasks import STAGE
 
 
 def plan_repo_task_steps(config: PipelineConfig) -> list[Step]:
     """The ``repo_tasks`` step of ``config``."""
-    return repo_task_steps(config.repo_tasks)
-
-
-def repo_task_steps(cfg: RepoTasksConfig) -> list[Step]:
-    """The ``repo_tasks`` step, its sources' commits resolved and files hashed (the plan's inputs)."""
-    plan = plan_repo_tasks(cfg, fingerprint_repo_sources_task(cfg))
-    return [Step(STAGE, STAGE, plan, repo_tasks_task, {"cfg": cfg})]
+    return repo_task_steps(config.repo_tasks, phase=STAGE)
 
 
 def _run_name() -> str:
