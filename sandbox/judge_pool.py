@@ -33,7 +33,7 @@ from codemill.sandbox.procstat import Usage
 from codemill.sandbox.request import JudgeRequest
 from codemill.sandbox.runner import BACKSTOP_ERROR, Outcome
 from codemill.sandbox.servers import ServerDied
-from codemill.sandbox.slot_pool import Slot, SlotPool
+from codemill.sandbox.slot_pool import OnSlots, Slot, SlotPool
 from codemill.sandbox.wire import BadData, ChannelClosed, ChannelTimeout, recv_frame
 
 VERDICT_GRACE_S = 0.5
@@ -71,32 +71,13 @@ class Judged:
         return None
 
 
-class JudgePool:
+class JudgePool(OnSlots):
     """``with JudgePool(limits) as pool: pool.judge_all([JudgeRequest(...), ...])``. Fails closed: the sandbox is
     probed (no network, the servers up under their own uids) before any sample runs (``slot_pool``)."""
 
     def __init__(self, limits: Limits | None = None, workers: int | None = None, unsafe: bool = False) -> None:
         self.slots = SlotPool(ROLES, limits, workers, unsafe)
         self.limits, self.sandbox = self.slots.limits, self.slots.sandbox
-
-    def __enter__(self) -> JudgePool:
-        self.slots.open()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def close(self) -> None:
-        self.slots.close()
-
-    @property
-    def isolation(self) -> dict[str, str]:
-        """What the probe found isolates the verdicts (``Sandbox.describe``)."""
-        return self.slots.isolation
-
-    @property
-    def restarts(self) -> int:
-        return self.slots.restarts
 
     def judge_all(self, requests: Sequence[JudgeRequest],
                   on_done: Callable[[int, int], None] | None = None) -> list[Judged]:

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import TypeVar
+from typing import Self, TypeVar
 
 from codemill import metrics
 from codemill.cpus import usable_cpus
@@ -172,3 +172,29 @@ class SlotPool:
         finally:
             busy.dec()
             self._free.put(slot)
+
+
+class OnSlots:
+    """The life of a service built on a slot pool (the judge pool, the augmented tests' runner): opened on
+    ``with``, closed on the way out, with the pool's isolation and restart count."""
+
+    slots: SlotPool
+
+    def __enter__(self) -> Self:
+        self.slots.open()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.slots.close()
+
+    @property
+    def isolation(self) -> dict[str, str]:
+        """What the probe found isolates the verdicts (``Sandbox.describe``)."""
+        return self.slots.isolation
+
+    @property
+    def restarts(self) -> int:
+        return self.slots.restarts

@@ -28,7 +28,7 @@ from codemill.sandbox.clock import STARVED, LoadClock, credit, wait_readable
 from codemill.sandbox.limits import Limits
 from codemill.sandbox.procstat import Usage, process_usage
 from codemill.sandbox.servers import Server, ServerDied
-from codemill.sandbox.slot_pool import Slot, SlotPool
+from codemill.sandbox.slot_pool import OnSlots, Slot, SlotPool
 from codemill.sandbox.wire import (
     BadData,
     ChannelClosed,
@@ -70,7 +70,7 @@ class Batch:
     max_timeouts: int | None = None
 
 
-class BatchRunner:
+class BatchRunner(OnSlots):
     """``with BatchRunner(limits, workers) as r: r.run_all([Batch(...), ...])``: a candidate server per slot of
     the sandbox's slot pool, so it fails closed, leases uids, retries starts and counts restarts as the judge
     pool does (``sandbox.slot_pool``)."""
@@ -78,24 +78,6 @@ class BatchRunner:
     def __init__(self, limits: Limits | None = None, workers: int | None = None, unsafe: bool = False) -> None:
         self.slots = SlotPool((ROLE,), limits, workers, unsafe)
         self.limits, self.sandbox = self.slots.limits, self.slots.sandbox
-
-    def __enter__(self) -> BatchRunner:
-        self.slots.open()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def close(self) -> None:
-        self.slots.close()
-
-    @property
-    def isolation(self) -> dict[str, str]:
-        return self.slots.isolation
-
-    @property
-    def restarts(self) -> int:
-        return self.slots.restarts
 
     def run_all(self, batches: Sequence[Batch], on_done: Callable[[int, int], None] | None = None
                 ) -> list[list[Call]]:

@@ -62,7 +62,7 @@ class CodeExecEnv:
     kind: ClassVar[str] = "code_exec"
     settings: ClassVar[type[EnvSettings]] = CodeExecConfig
 
-    def __init__(self, config: CodeExecConfig, ctx: EnvContext) -> None:
+    def __init__(self, config: EnvSettings, ctx: EnvContext) -> None:
         self.config, self.ctx = config, ctx
         self.limits = EpisodeLimits(max_turns=1)
 
@@ -72,7 +72,12 @@ class CodeExecEnv:
     def step(self, episodes: Sequence[Episode], actions: Sequence[Completion],
              last: Sequence[bool]) -> list[StepResult]:
         infos = verdicts(self.ctx, [problem_of(e) for e in episodes], [a.text for a in actions])
-        return [StepResult([], reward_of(self.ctx, i), True, i) for i in infos]
+        return [StepResult([], self.reward(info, action), True, info)
+                for info, action in zip(infos, actions, strict=True)]
+
+    def reward(self, info: StepInfo, action: Completion) -> float:
+        """The episode's reward from the judge's verdict on ``action`` (a kind built on this one adds its terms)."""
+        return reward_of(self.ctx, info)
 
 
 ENVIRONMENT = CodeExecEnv

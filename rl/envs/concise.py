@@ -9,14 +9,12 @@ is trained.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, ClassVar, Literal
 
 from pydantic import Field
 
-from codemill.problems.problem import ExecProblem
-from codemill.rl.env import EnvContext, EnvSettings, Episode, EpisodeLimits, Reset, StepResult
-from codemill.rl.envs.code_exec import problem_of, prompt_observation, reward_of, verdicts
+from codemill.rl.env import EnvSettings, StepInfo
+from codemill.rl.envs.code_exec import CodeExecEnv
 
 if TYPE_CHECKING:
     from codemill.models.engines import Completion
@@ -33,23 +31,15 @@ class ConciseConfig(EnvSettings):
         return 1
 
 
-class ConciseEnv:
+class ConciseEnv(CodeExecEnv):
+    """``code_exec``'s episode; the reward pays ``penalty`` per sampled token."""
+
     kind: ClassVar[str] = "concise"
     settings: ClassVar[type[EnvSettings]] = ConciseConfig
+    config: ConciseConfig
 
-    def __init__(self, config: ConciseConfig, ctx: EnvContext) -> None:
-        self.config, self.ctx = config, ctx
-        self.limits = EpisodeLimits(max_turns=1)
-
-    def reset(self, task: ExecProblem, seed: int) -> Reset:
-        return Reset(prompt_observation(self.ctx, task))
-
-    def step(self, episodes: Sequence[Episode], actions: Sequence[Completion],
-             last: Sequence[bool]) -> list[StepResult]:
-        infos = verdicts(self.ctx, [problem_of(e) for e in episodes], [a.text for a in actions])
-        return [StepResult([], reward_of(self.ctx, info) - self.config.penalty * len(action.completion_ids), True,
-                           info)
-                for info, action in zip(infos, actions, strict=True)]
+    def reward(self, info: StepInfo, action: Completion) -> float:
+        return super().reward(info, action) - self.config.penalty * len(action.completion_ids)
 
 
 ENVIRONMENT = ConciseEnv
