@@ -232,7 +232,7 @@ def _kill_the_judge_soon(pool: JudgePool, after_s: float) -> threading.Thread:
 
     def kill() -> None:
         time.sleep(after_s)
-        pids = _pids_of_uid(pool._all[0].uids["judge"])
+        pids = _pids_of_uid(pool.slots._all[0].uids["judge"])
         assert pids
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
@@ -250,7 +250,7 @@ def test_a_judge_lost_mid_sample_is_judged_again():
     slow = (p.reference_solution or "") + "import time\ntime.sleep(1.0)\n"  # slow to load, once
     for retries, expected in ((2, (True, None)), (0, (False, "no_verdict"))):
         with JudgePool(LIMITS, workers=1) as pool:
-            pool._all[0].server("judge")
+            pool.slots._all[0].server("judge")
             killer = _kill_the_judge_soon(pool, 0.4)
             rewards, rejudged = judge([p, p], [slow, p.reference_solution or ""], pool, retries=retries)
             killer.join()
@@ -279,7 +279,7 @@ def test_a_sandbox_that_cannot_start_fails_the_collection_closed(policy):
     with JudgePool(LIMITS, workers=1) as pool:
         pool.sandbox.python = "/nonexistent/python3"  # every restart now fails
         for role in ("candidate", "judge"):
-            pool._all[0].drop(role)
+            pool.slots._all[0].drop(role)
         with pytest.raises(SandboxUnavailable):
             engine = ScriptedEngine(policy, answers)
             collect_rollouts(engine, env_for(None, engine, pool, 32), PROBLEMS, 1, RolloutParams(max_new_tokens=32),
