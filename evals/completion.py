@@ -21,6 +21,7 @@ class CompletionItem:
     cluster: str
     prefix: str
     target: str
+    line: int  # the target's index among the file's lines
 
 
 def pick_line(path: str, lines: list[str], seed: int) -> int | None:
@@ -41,7 +42,7 @@ def make_items(files: list[tuple[str, str, str]], seed: int) -> list[CompletionI
             continue
         target = lines[i]
         indent = target[: len(target) - len(target.lstrip())]
-        items.append(CompletionItem(item_id, cluster, "\n".join(lines[:i]) + "\n" + indent, target.strip()))
+        items.append(CompletionItem(item_id, cluster, "\n".join(lines[:i]) + "\n" + indent, target.strip(), i))
     return items
 
 

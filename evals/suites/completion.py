@@ -24,13 +24,17 @@ EXACT = Metric("completion_exact_match", binary=True)
 EDIT = Metric("completion_edit_similarity")
 
 
+def val_files(r: SuiteRun, max_files: int | None) -> list[tuple[str, str, str]]:
+    """The first ``max_files`` val files as ``make_items`` takes them: (``repo/path``, cluster, content)."""
+    val, clusters = r.val(max_files)
+    return [(f"{rp}/{p}", c, t) for rp, p, c, t in zip(val["repo"], val["path"], clusters, val["content"],
+                                                       strict=True)]
+
+
 def completion_items(r: SuiteRun) -> list[comp.CompletionItem]:
     """One item per val file (``evaluate.completion.max_files`` of them): the completion suite's items, and the
     latency suite's prompts."""
-    val, clusters = r.val(r.cfg.completion.max_files)
-    files = [(f"{rp}/{p}", c, t) for rp, p, c, t in zip(val["repo"], val["path"], clusters, val["content"],
-                                                        strict=True)]
-    return comp.make_items(files, r.cfg.seed)
+    return comp.make_items(val_files(r, r.cfg.completion.max_files), r.cfg.seed)
 
 
 def run(r: SuiteRun) -> Rows:

@@ -21,6 +21,7 @@ from pydantic import Field
 from codemill.evals import completion as comp
 from codemill.evals.stats import ItemScores
 from codemill.evals.suites.base import Metric, Rows, Suite, SuiteRun, ci, scores
+from codemill.evals.suites.completion import val_files
 from codemill.stage_config import StageConfig, runtime_only
 
 CODE_VERSION = "completion-syntax-v1"
@@ -60,17 +61,12 @@ def with_line(content: str, index: int, line: str) -> str:
     return "\n".join(lines)
 
 
-def syntax_items(files: list[tuple[str, str, str]], seed: int) -> list[tuple[comp.CompletionItem, str, int]]:
-    """(item, file text, target line index) for every Python file that parses and has a line to complete: the
-    completion suite's item of that file."""
+def syntax_items(files: list[tuple[str, str, str]], seed: int) -> list[tuple[comp.CompletionItem, str]]:
+    """(item, file text) for every Python file that parses and has a line to complete: the completion suite's
+    item of that file."""
     python = [f for f in files if f[0].endswith(PYTHON_SUFFIXES) and parses(f[2])]
     text = {item_id: content for item_id, _, content in python}
-    out = []
-    for item in comp.make_items(python, seed):
-        index = comp.pick_line(item.item_id, text[item.item_id].split("\n"), seed)
-        assert index is not None  # make_items made an item of it
-        out.append((item, text[item.item_id], index))
-    return out
+    return [(item, text[item.item_id]) for item in comp.make_items(python, seed)]
 
 
 def run(r: SuiteRun) -> Rows:
@@ -78,19 +74,16 @@ def run(r: SuiteRun) -> Rows:
 
     cfg = r.cfg
     sc = cfg.completion_syntax
-    val, clusters = r.val(sc.max_files)
-    files = [(f"{rp}/{p}", c, t) for rp, p, c, t in zip(val["repo"], val["path"], clusters, val["content"],
-                                                        strict=True)]
-    items = syntax_items(files, cfg.seed)
+    items = syntax_items(val_files(r, sc.max_files), cfg.seed)
     if not items:
         raise ValueError("no completion_syntax items: no val file is Python that parses with a line to complete")
     greedy = RolloutParams(temperature=0, max_new_tokens=sc.max_new_tokens, stop=("\n",))
     with r.model.engine(sc.batch_size, sc.context_len) as engine:
-        done = engine.generate([it.prefix for it, _, _ in items], 1, greedy, [0] * len(items))
+        done = engine.generate([it.prefix for it, _ in items], 1, greedy, [0] * len(items))
     preds = [cs[0].text for cs in done]
-    valid = np.array([float(parses(with_line(text, i, p))) for p, (_, text, i) in zip(preds, items, strict=True)])
-    rows = pl.DataFrame({"item_id": [it.item_id for it, _, _ in items], "cluster": [it.cluster for it, _, _ in items],
-                         "target": [it.target for it, _, _ in items], "prediction": [p.strip() for p in preds],
+    valid = np.array([float(parses(with_line(text, it.line, p))) for p, (it, text) in zip(preds, items, strict=True)])
+    rows = pl.DataFrame({"item_id": [it.item_id for it, _ in items], "cluster": [it.cluster for it, _ in items],
+                         "target": [it.target for it, _ in items], "prediction": [p.strip() for p in preds],
                          "valid": valid})
     summary = {**ci(valid, np.ones(len(items)), rows["cluster"].to_numpy(), cfg, VALID.name), "items": len(items)}
     return rows, summary

@@ -33,9 +33,9 @@ def test_items_are_python_files_that_parse():
              ("r/broken.py", "r", "def f(:\n    return 1\n    pass\n"),
              ("r/app.js", "r", "const a = 1;\nconst b = a + 1;\nconsole.log(b);\n")]
     items = syntax_items(files, seed=0)
-    assert [it.item_id for it, _, _ in items] == ["r/ok.py"]
-    item, text, index = items[0]
-    assert text.split("\n")[index].strip() == item.target
+    assert [it.item_id for it, _ in items] == ["r/ok.py"]
+    item, text = items[0]
+    assert text.split("\n")[item.line].strip() == item.target
 
 
 @pytest.fixture(scope="module")
