@@ -16,10 +16,10 @@ from prefect.runtime import flow_run
 
 from codemill.config import PipelineConfig
 from codemill.flows.artifacts import mlflow_ui_links
-from codemill.flows.common import execute, flow_run_metrics, flow_run_url, open_flow_run, run_stage_task
-from codemill.flows.hooks import record_failure_on_mlflow, run_name_from, tag_current_flow_run
+from codemill.flows.hooks import record_failure_on_mlflow, run_name_from
 from codemill.flows.nightly import champion_start
-from codemill.flows.plan import DATA_FOR_EVALS, plan_pipeline
+from codemill.flows.plan import plan_chain, plan_evaluations
+from codemill.flows.run import open_run, run_stage_task
 from codemill.flows.seeds import train_and_evaluate
 from codemill.gate import calibration as cal
 from codemill.lineage import tags as T
@@ -53,8 +53,7 @@ def calibrate(config: PipelineConfig = PipelineConfig(), seeds: int = DEFAULT_SE
     ``config.evaluate.suites``, store the per-metric between-seed variance and link it to the registered
     model. ``from_champion``: fine-tune every seed from the champion's weights, as ``nightly`` does, which
     calibrates the nightly chain's recipe (it stays calibrated when the champion changes)."""
-    with flow_run_metrics(config, "calibrate"):
-        return _calibrate(config, seeds, from_champion)
+    return _calibrate(config, seeds, from_champion)
 
 
 def _calibrate(config: PipelineConfig, seeds: int, from_champion: bool) -> dict[str, Any]:
@@ -66,40 +65,35 @@ def _calibrate(config: PipelineConfig, seeds: int, from_champion: bool) -> dict[
         if start is None:
             raise ValueError("--from-champion: there is no champion yet to fine-tune from (run the pipeline first)")
         config = config.model_copy(update={"train": config.train.model_copy(update={"init_from": start})})
-    tag_current_flow_run("calibrate")
-    store, ctx, lineage, parent = open_flow_run(config, flow_run.name or "calibrate", flow_run.id, flow_run_url())
     registered = config.gate.registered_model or config.name
-    try:
+    with open_run(config, "calibrate") as run:
         sources = fingerprint_sources_task(config.ingest)
-        base = plan_pipeline(config, sources, store, "evaluate")
-        train_plan = next(s for s in base if s.key == "train").plan
+        chain = plan_chain(config, sources, run.store)
+        evaluations = plan_evaluations(config, run.store)
+        train_plan = chain[-1].plan
         key = cal.config_key(train_plan.code_version, train_plan.config, train_plan.input_digests)
-        recipe = cal.recipe_key(cal.recipe_of_plans([s.plan for s in base]))
-        existing = sorted(cal.seeds_of_key(store, key))
+        recipe = cal.recipe_key(cal.recipe_of_plans([s.plan for s in chain]))
+        existing = sorted(cal.seeds_of_key(run.store, key))
         chosen = choose_seeds(config.train.seed, seeds, existing)
         logger.info("calibrating %s on seeds %s (already trained: %s)", key[:12], chosen, existing)
-        # The data stages and HumanEval's augmented tests are the same for every seed: built once, here.
-        stages = execute([s for s in base if s.phase in ("ingest", "tokenize") or s.plan.stage in DATA_FOR_EVALS],
-                         ctx, store)
-        runs = train_and_evaluate(config, sources, chosen, ctx, store)
+        # The data stages and the steps the suites need are the same for every seed: built once, here.
+        stages = run.execute([s for s in chain if s.phase != "train"] + evaluations.needs)
+        runs = train_and_evaluate(config, sources, chosen, evaluations, run.ctx, run.store)
         stages |= runs.stages()
-        trained, evals = runs.trained, runs.evals
-        models = {seed: {"model_id": t.model_id or "", "digest": t.ref.digest} for seed, t in trained.items()}
-        plan = plan_calibration(key, recipe, {seed: {k: v.ref for k, v in by.items()} for seed, by in evals.items()})
-        stages["calibrate"] = run_stage_task(calibrate_task, store, plan=plan, ctx=ctx, registered_model=registered,
-                                             models=models)
-    except BaseException:
-        lineage.end_run(parent, failed=True)
-        raise
-    result = calibration_result(stages["calibrate"], config, key, recipe, models)
-    lineage.tag(parent, {T.RECIPE_KEY: recipe})
-    lineage.log_metrics(parent, {f"{r['metric']}_{k}": r[k] for r in result["metrics"]
-                                 for k in ("seed_sd", "item_se", "mde_better")})
-    _publish(result, stages, lineage.tracking_uri, lineage.experiment_id, parent)
-    lineage.end_run(parent)
-    return {**result, "parent_run_id": parent, "experiment_id": lineage.experiment_id,
-            "tracking_uri": config.mlflow_tracking_uri, "flow_run_id": str(flow_run.id) if flow_run.id else None,
-            "registered_model": registered, "stages": {k: v.model_dump(mode="json") for k, v in stages.items()}}
+        models = {seed: {"model_id": t.model_id or "", "digest": t.ref.digest} for seed, t in runs.trained.items()}
+        evaluated = {seed: {k: v.ref for k, v in by.items()} for seed, by in runs.evals.items()}
+        plan = plan_calibration(key, recipe, evaluated)
+        stages["calibrate"] = run_stage_task(calibrate_task, run.store, plan=plan, ctx=run.ctx,
+                                             registered_model=registered, models=models)
+        result = calibration_result(stages["calibrate"], config, key, recipe, models)
+        run.lineage.tag(run.parent, {T.RECIPE_KEY: recipe})
+        run.lineage.log_metrics(run.parent, {f"{r['metric']}_{k}": r[k] for r in result["metrics"]
+                                             for k in ("seed_sd", "item_se", "mde_better")})
+        _publish(result, stages, run.lineage.tracking_uri, run.lineage.experiment_id, run.parent)
+        out = run.finish(stages)
+    return {**result, "parent_run_id": out["parent_run_id"], "experiment_id": out["experiment_id"],
+            "tracking_uri": out["tracking_uri"], "flow_run_id": out["flow_run_id"], "registered_model": registered,
+            "stages": out["stages"]}
 
 
 def calibration_result(stage: StageResult, config: PipelineConfig, key: str, recipe: str,

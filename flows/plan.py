@@ -15,7 +15,9 @@ from typing import Any
 from codemill.config import PipelineConfig
 from codemill.data.config import TokenizeConfig
 from codemill.evals import suites
-from codemill.gate.calibration import recipe_of_plans
+from codemill.evals.config import EvalConfig
+from codemill.gate.calibration import recipe_key, recipe_of_plans
+from codemill.gate.config import GateConfig
 from codemill.plan import PHASES, StagePlan, check_until
 from codemill.problems.config import AugmentConfig
 from codemill.problems.plus.artifact import STAGE as AUGMENT_STAGE
@@ -55,10 +57,8 @@ def tokenize_config(config: PipelineConfig) -> TokenizeConfig:
     return cfg
 
 
-def plan_pipeline(config: PipelineConfig, sources: list[dict], store: ArtifactStore,
-                  until: str = "evaluate") -> list[Step]:
-    """Every step of ``pipeline``/``nightly`` up to ``until``, in execution order."""
-    check_until(until)
+def plan_chain(config: PipelineConfig, sources: list[dict], store: ArtifactStore) -> list[Step]:
+    """The steps that make a model: ingest, tokenizer, tokenize, train."""
     tok_cfg = tokenize_config(config)
     ingest = Step("ingest", "ingest", plan_ingest(config.ingest, sources), ingest_task,
                   {"cfg": config.ingest, "sources": sources})
@@ -68,16 +68,33 @@ def plan_pipeline(config: PipelineConfig, sources: list[dict], store: ArtifactSt
                   tokenize_task, {"cfg": tok_cfg})
     train = Step("train", "train", plan_train(config.train, store.ref_for(tokens.plan), store.ref_for(tokenizer.plan)),
                  train_task, {"cfg": config.train})
+    return [ingest, tokenizer, tokens, train]
 
-    def bind_trained(ctx: RunContext, results: dict[str, StageResult]) -> dict[str, Any]:
-        return {"model": trained_model(ctx, results["train"])}
 
-    evals = plan_evaluations(config, store.ref_for(train.plan), corpus, bind=bind_trained, store=store)
-    steps = [ingest, tokenizer, tokens, train, *evals]
-    if until == "evaluate":  # train.seeds: the candidate's other seeds, trained and evaluated after it
-        for seed in extra_seeds(config):
-            steps += plan_seed(config, sources, store, seed)
-    return [s for s in steps if PHASES.index(s.phase) <= PHASES.index(until)]
+def bind_trained(ctx: RunContext, results: dict[str, StageResult]) -> dict[str, Any]:
+    """An evaluation step's model once the run's training ran: its LoggedModel id and HF folder."""
+    return {"model": trained_model(ctx, results["train"])}
+
+
+def plan_pipeline(config: PipelineConfig, sources: list[dict], store: ArtifactStore,
+                  until: str = "evaluate") -> list[Step]:
+    """Every step of ``pipeline``/``nightly`` up to ``until``, in execution order."""
+    return plan_run(config, sources, store, until).steps
+
+
+def plan_run(config: PipelineConfig, sources: list[dict], store: ArtifactStore, until: str = "evaluate") -> RunPlan:
+    """The whole ``pipeline``/``nightly`` run up to ``until``: its steps and, when it evaluates, its gate. With
+    ``train.seeds`` the candidate's other seeds are trained and evaluated after it."""
+    check_until(until)
+    chain = plan_chain(config, sources, store)
+    if until != "evaluate":
+        return RunPlan([s for s in chain if PHASES.index(s.phase) <= PHASES.index(until)], None, None, [])
+    evals = plan_evaluations(config, store)
+    steps = [*chain, *evals.steps(store.ref_for(chain[-1].plan), store.ref_for(chain[0].plan), bind=bind_trained)]
+    seeds = [config.train.seed, *extra_seeds(config)]
+    for seed in seeds[1:]:
+        steps += plan_seed(config, sources, store, seed, evals)
+    return RunPlan(steps, evals, plan_gate(config, evals), seeds if len(seeds) > 1 else [])
 
 
 def augment_steps(cfg: AugmentConfig) -> list[Step]:
@@ -112,15 +129,15 @@ def seed_key(seed: int, name: str) -> str:
     return f"seed{seed}:{name}"
 
 
-def plan_seed(config: PipelineConfig, sources: list[dict], store: ArtifactStore, seed: int) -> list[Step]:
-    """The training and evaluations of ``config`` at another seed (its data steps are the run's own)."""
-    out = []
-    for step in plan_pipeline(seed_config(config, seed), sources, store, "evaluate"):
-        if step.phase == "train":
-            out.append(replace(step, key=seed_key(seed, "train")))
-        elif step.phase == "evaluate" and step.plan.stage not in DATA_FOR_EVALS:  # the run's own serve all seeds
-            out.append(replace(step, key=seed_key(seed, step.plan.name), bind=_bind_seed(step.bind, seed)))
-    return out
+def plan_seed(config: PipelineConfig, sources: list[dict], store: ArtifactStore, seed: int,
+              evals: EvalPlan) -> list[Step]:
+    """The training and evaluations of ``config`` at another seed (its data steps, and the steps its suites
+    need, are the run's own)."""
+    chain = plan_chain(seed_config(config, seed), sources, store)
+    model, corpus = store.ref_for(chain[-1].plan), store.ref_for(chain[0].plan)
+    return [replace(chain[-1], key=seed_key(seed, "train")),
+            *(replace(step, key=seed_key(seed, step.plan.name), bind=_bind_seed(step.bind, seed))
+              for step in evals.suite_steps(model, corpus, bind=bind_trained))]
 
 
 def _bind_seed(bind: Binder | None, seed: int) -> Binder | None:
@@ -135,33 +152,45 @@ def _bind_seed(bind: Binder | None, seed: int) -> Binder | None:
 def config_recipe(config: PipelineConfig) -> dict[str, Any]:
     """The training recipe of a config (``gate.calibration``), planned without reading a source: a recipe
     leaves the data's content out."""
-    return recipe_of_plans([s.plan for s in plan_pipeline(config, [], ArtifactStore(config.store_root), "train")])
+    chain = plan_chain(config, [], ArtifactStore(config.store_root))
+    return recipe_of_plans([s.plan for s in chain])
 
 
-def plan_evaluations(config: PipelineConfig, model: ArtifactRef, corpus: ArtifactRef | None,
-                     samples_file: str | None = None, bind: Binder | None = None,
-                     resolved: ResolvedModel | None = None, store: ArtifactStore | None = None) -> list[Step]:
-    """One step per configured suite, after the steps the suites need (``Suite.needs``: e.g. HumanEval's
-    augmented tests with ``humaneval.plus``, whose artifact is that suite's ``plus`` input). The model is known
-    by its ref when planning; the task also needs its LoggedModel id and HF folder, given directly
-    (``resolved``) or once training ran (``bind``)."""
-    if bind is None and resolved is None:
-        raise ValueError("an evaluation step needs the resolved model or a way to bind it")
-    steps, needed = needed_steps(config, store or ArtifactStore(config.store_root))
-    for suite in config.evaluate.suites:
-        plan = plan_suite(suite, config.evaluate, model, corpus,
-                          samples_file if suites.get(suite).scores_samples else None, needed.get(suite))
-        params: dict[str, Any] = {"cfg": config.evaluate}
-        if resolved is not None:
-            params["model"] = resolved
-        steps.append(Step(f"eval:{suite}", "evaluate", plan, evaluate_suite_task, params, bind))
-    return steps
+@dataclass(frozen=True)
+class EvalPlan:
+    """How a run evaluates a model: one step per configured suite, after the steps the suites need
+    (``Suite.needs``: e.g. HumanEval's augmented tests with ``humaneval.plus``, whose artifact is that suite's
+    ``plus`` input), planned once and shared by every model the run evaluates (its candidate, its seeds, the
+    champion)."""
+
+    cfg: EvalConfig
+    needs: list[Step]
+    needed: dict[str, dict[str, ArtifactRef]]  # per suite, the refs of what its needs make, by input name
+
+    def steps(self, model: ArtifactRef, corpus: ArtifactRef | None, samples_file: str | None = None,
+              bind: Binder | None = None, resolved: ResolvedModel | None = None) -> list[Step]:
+        """The needed steps and the suites' steps for ``model``."""
+        return [*self.needs, *self.suite_steps(model, corpus, samples_file, bind, resolved)]
+
+    def suite_steps(self, model: ArtifactRef, corpus: ArtifactRef | None, samples_file: str | None = None,
+                    bind: Binder | None = None, resolved: ResolvedModel | None = None) -> list[Step]:
+        """The suites' steps alone. The model is known by its ref when planning; the task also needs its
+        LoggedModel id and HF folder, given directly (``resolved``) or once training ran (``bind``)."""
+        if bind is None and resolved is None:
+            raise ValueError("an evaluation step needs the resolved model or a way to bind it")
+        out = []
+        for name in self.cfg.suites:
+            suite = suites.get(name)
+            plan = plan_suite(name, self.cfg, model, corpus, samples_file if suite.scores_samples else None,
+                              self.needed.get(name))
+            params: dict[str, Any] = {"cfg": self.cfg, **({"model": resolved} if resolved is not None else {})}
+            out.append(Step(f"eval:{name}", "evaluate", plan, evaluate_suite_task, params, bind))
+        return out
 
 
-def needed_steps(config: PipelineConfig,
-                 store: ArtifactStore) -> tuple[list[Step], dict[str, dict[str, ArtifactRef]]]:
-    """The steps the configured suites need, in registry order, one step for a need that suites share; and
-    per suite, the refs of what they make by input name."""
+def plan_evaluations(config: PipelineConfig, store: ArtifactStore) -> EvalPlan:
+    """The run's evaluations: the steps the configured suites need, in registry order, one step for a need
+    that suites share, and per suite the refs of what they make by input name."""
     steps: list[Step] = []
     made: dict[tuple[str, str], ArtifactRef] = {}
     needed: dict[str, dict[str, ArtifactRef]] = {}
@@ -173,7 +202,45 @@ def needed_steps(config: PipelineConfig,
                 steps += built
                 made[key] = store.ref_for(built[-1].plan)
             needed.setdefault(suite.name, {})[need.input] = made[key]
-    return steps, needed
+    return EvalPlan(config.evaluate, steps, needed)
+
+
+@dataclass(frozen=True)
+class GatePlan:
+    """What the gate of a run needs, planned with it: its settings, the registered model it gates, how to
+    evaluate the champion on the run's suites and data, and the config whose recipes ``codemill calibrate``
+    could measure."""
+
+    settings: GateConfig
+    registered_model: str
+    evaluations: EvalPlan
+    suite_digests: dict[str, Any]  # ``evaluate.digest_config()``: a calibration applies to these settings only
+    recipe_config: PipelineConfig
+
+    def calibratable(self, champion_dir: str) -> list[str]:
+        """The recipe keys ``codemill calibrate`` can measure with this config: as it is, from scratch (the
+        nightly flow sets ``init_from`` at run time) and ``--from-champion``."""
+        train = self.recipe_config.train
+        return [recipe_key(config_recipe(self.recipe_config.model_copy(update={"train": train.model_copy(update=u)})))
+                for u in ({}, {"init_from": None}, {"init_from": champion_dir})]
+
+
+def plan_gate(config: PipelineConfig, evals: EvalPlan) -> GatePlan | None:
+    """The run's gate against the champion (None when ``gate.enabled`` is off)."""
+    if not config.gate.enabled:
+        return None
+    return GatePlan(config.gate, config.gate.registered_model or config.name, evals,
+                    config.evaluate.digest_config(), config)
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """A planned ``pipeline``/``nightly`` run: what the flow carries instead of its config."""
+
+    steps: list[Step]
+    evaluations: EvalPlan | None  # None: the run stops before evaluate
+    gate: GatePlan | None  # None: the run stops before evaluate, or the gate is off
+    seeds: list[int]  # ``train.seeds`` > 1: the candidate's seeds, its own first; else empty
 
 
 def describe(steps: list[Step], store: ArtifactStore) -> list[dict[str, Any]]:

@@ -15,10 +15,9 @@ from prefect.artifacts import create_table_artifact
 from prefect.runtime import flow_run
 
 from codemill.config import PipelineConfig
-from codemill.flows.common import execute, flow_result, flow_run_metrics, flow_run_url, open_flow_run
-from codemill.flows.hooks import record_failure_on_mlflow, run_name_from, tag_current_flow_run
-from codemill.flows.plan import Step, plan_pipeline
-from codemill.lineage import tags as T
+from codemill.flows.hooks import record_failure_on_mlflow, run_name_from
+from codemill.flows.plan import Step, plan_chain
+from codemill.flows.run import open_run
 from codemill.store import ArtifactStore
 from codemill.tasks.ingest import fingerprint_sources_task
 from codemill.tasks.problems import fingerprint_problem_sources_task, needs_corpus, plan_problems, problems_task
@@ -32,7 +31,7 @@ def plan_problem_steps(config: PipelineConfig, ingest_sources: list[dict] | None
     if needs_corpus(config.problems):
         if ingest_sources is None:
             raise ValueError("a mined problem source needs the ingest sources' fingerprints")
-        steps = plan_pipeline(config, ingest_sources, store, until="ingest")
+        steps = plan_chain(config, ingest_sources, store)[:1]
         corpus = store.ref_for(steps[0].plan)
     plan = plan_problems(config.problems, problem_sources, corpus)
     steps.append(Step("problems", "problems", plan, problems_task,
@@ -49,28 +48,18 @@ def _run_name() -> str:
 def problems(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:  # noqa: B008
     """Executable problems (prompt, entry point, tests, reference) from ``config.problems.sources``: references
     verified in the sandbox, deduplicated, decontaminated against HumanEval, split train/val by split unit."""
-    with flow_run_metrics(config, "problems"):
-        return _problems(config)
-
-
-def _problems(config: PipelineConfig) -> dict[str, Any]:
     logger = get_run_logger()
-    tag_current_flow_run("problems")
-    store, ctx, lineage, parent = open_flow_run(config, flow_run.name or "problems", flow_run.id, flow_run_url())
-    try:
+    with open_run(config, "problems") as run:
         ingest_sources = fingerprint_sources_task(config.ingest) if needs_corpus(config.problems) else None
-        steps = plan_problem_steps(config, ingest_sources, fingerprint_problem_sources_task(config.problems), store)
-        stages = execute(steps, ctx, store)
-    except BaseException:
-        lineage.end_run(parent, failed=True)
-        raise
-    lineage.tag(parent, {**{T.stage_status(k): v.status for k, v in stages.items()},
-                         **{T.stage_digest(k): v.ref.digest for k, v in stages.items()}})
-    counts = stages["problems"].summary["by_source"]
-    create_table_artifact([{"source": name, **{k: v for k, v in c.items() if k != "mining"}}
-                           for name, c in counts.items()], key="problems-stats",
-                          description="problems: read, malformed, reference failed, unverified, duplicate, "
-                                      "contaminated, kept, train/val per source")
-    for name, st in stages.items():
-        logger.info("%-9s %-8s %s", name, st.status, st.ref.uri)
-    return flow_result(lineage, parent, config, stages, None, None)
+        steps = plan_problem_steps(config, ingest_sources, fingerprint_problem_sources_task(config.problems),
+                                   run.store)
+        stages = run.execute(steps)
+        run.tag_stages(stages)
+        counts = stages["problems"].summary["by_source"]
+        create_table_artifact([{"source": name, **{k: v for k, v in c.items() if k != "mining"}}
+                               for name, c in counts.items()], key="problems-stats",
+                              description="problems: read, malformed, reference failed, unverified, duplicate, "
+                                          "contaminated, kept, train/val per source")
+        for name, st in stages.items():
+            logger.info("%-9s %-8s %s", name, st.status, st.ref.uri)
+        return run.finish(stages)

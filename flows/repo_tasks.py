@@ -10,10 +10,9 @@ from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
 from codemill.config import PipelineConfig
-from codemill.flows.common import execute, flow_result, flow_run_metrics, flow_run_url, open_flow_run
-from codemill.flows.hooks import record_failure_on_mlflow, run_name_from, tag_current_flow_run
+from codemill.flows.hooks import record_failure_on_mlflow, run_name_from
 from codemill.flows.plan import Step, repo_task_steps
-from codemill.lineage import tags as T
+from codemill.flows.run import open_run
 from codemill.tasks.repo_tasks import STAGE
 
 
@@ -31,18 +30,10 @@ def _run_name() -> str:
 def repo_tasks(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:  # noqa: B008
     """Repository tasks from ``config.repo_tasks.sources``: validated in the sandbox, decontaminated, split by
     repository, with the snapshots they start from."""
-    with flow_run_metrics(config, "repo_tasks"):
-        logger = get_run_logger()
-        tag_current_flow_run("repo_tasks")
-        store, ctx, lineage, parent = open_flow_run(config, flow_run.name or "repo_tasks", flow_run.id,
-                                                    flow_run_url())
-        try:
-            stages = execute(plan_repo_task_steps(config), ctx, store)
-        except BaseException:
-            lineage.end_run(parent, failed=True)
-            raise
-        lineage.tag(parent, {**{T.stage_status(k): v.status for k, v in stages.items()},
-                             **{T.stage_digest(k): v.ref.digest for k, v in stages.items()}})
+    logger = get_run_logger()
+    with open_run(config, "repo_tasks") as run:
+        stages = run.execute(plan_repo_task_steps(config))
+        run.tag_stages(stages)
         for name, st in stages.items():
             logger.info("%-10s %-8s %s", name, st.status, st.ref.uri)
-        return flow_result(lineage, parent, config, stages, None, None)
+        return run.finish(stages)

@@ -8,8 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from codemill.config import PipelineConfig
-from codemill.flows.common import eval_results, run_stage_task
-from codemill.flows.plan import Step, extra_seeds, plan_seed, seed_key
+from codemill.flows.common import eval_results
+from codemill.flows.plan import EvalPlan, Step, plan_seed, seed_key
+from codemill.flows.run import run_stage_task
 from codemill.store import ArtifactStore
 from codemill.tasks.common import RunContext, StageResult
 from codemill.tasks.fanout import on_ray
@@ -46,10 +47,11 @@ def _train_all(steps: dict[int, Step], ctx: RunContext, store: ArtifactStore) ->
     return out
 
 
-def train_and_evaluate(config: PipelineConfig, sources: list[dict], seeds: list[int], ctx: RunContext,
-                       store: ArtifactStore) -> SeedRuns:
-    """Train and evaluate ``config`` at each seed (the data stages must have run: they are the same for all)."""
-    plans = {seed: plan_seed(config, sources, store, seed) for seed in seeds}
+def train_and_evaluate(config: PipelineConfig, sources: list[dict], seeds: list[int], evaluations: EvalPlan,
+                       ctx: RunContext, store: ArtifactStore) -> SeedRuns:
+    """Train and evaluate ``config`` at each seed (the data stages and the steps the suites need must have run:
+    they are the same for all)."""
+    plans = {seed: plan_seed(config, sources, store, seed, evaluations) for seed in seeds}
     trained = _train_all({seed: next(s for s in p if s.phase == "train") for seed, p in plans.items()}, ctx, store)
     evals: dict[int, dict[str, StageResult]] = {}
     for seed, steps in plans.items():
@@ -61,11 +63,10 @@ def train_and_evaluate(config: PipelineConfig, sources: list[dict], seeds: list[
     return SeedRuns(trained, evals)
 
 
-def seed_evals(config: PipelineConfig, stages: dict[str, StageResult]) -> dict[int, dict[str, StageResult]] | None:
-    """A ``train.seeds`` run's evaluations by seed, the candidate's own first (None for one seed)."""
-    if config.train.seeds < 2:
+def seed_evals(seeds: list[int], stages: dict[str, StageResult]) -> dict[int, dict[str, StageResult]] | None:
+    """A ``train.seeds`` run's evaluations by seed (``RunPlan.seeds``: the candidate's own first; None for one
+    seed)."""
+    if len(seeds) < 2:
         return None
-    out = {config.train.seed: eval_results(stages)}
-    for seed in extra_seeds(config):
-        out[seed] = {suite: stages[seed_key(seed, suite)] for suite in out[config.train.seed]}
-    return out
+    own = eval_results(stages)
+    return {seeds[0]: own, **{seed: {suite: stages[seed_key(seed, suite)] for suite in own} for seed in seeds[1:]}}

@@ -95,7 +95,8 @@ def fingerprint_problem_sources(cfg: ProblemsConfig) -> list[dict[str, Any]]:
     out = []
     for label, src in zip(source_labels(cfg.sources), cfg.sources, strict=True):
         if src.kind in ("jsonl", "parquet"):
-            fp = source_fingerprint(_table_source(src))
+            table = _table_source(src)
+            fp = source_fingerprint(table)
             out.append({"name": label, "kind": src.kind, "root": fp["root"], "fingerprint": fp["fingerprint"],
                         "files": fp["files"]})
     return out

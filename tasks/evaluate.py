@@ -12,7 +12,7 @@ from prefect import get_run_logger
 from codemill import metrics, progress
 from codemill.evals import suites
 from codemill.evals.config import EvalConfig
-from codemill.evals.suites.base import SuiteRun
+from codemill.evals.suites.base import Suite, SuiteRun
 from codemill.lineage import Lineage
 from codemill.lineage import tags as T
 from codemill.plan import StagePlan, file_input
@@ -30,16 +30,15 @@ def val_dataset(corpus: ArtifactRef) -> ArtifactRef:
     return ArtifactRef(stage=corpus.stage, name="corpus-val", digest=corpus.digest, uri=f"{corpus.uri}/val")
 
 
-def suite_data(suite: str, corpus: ArtifactRef | None, needed: Mapping[str, ArtifactRef]) -> ArtifactRef:
+def suite_data(s: Suite, corpus: ArtifactRef | None, needed: Mapping[str, ArtifactRef]) -> ArtifactRef:
     """What a suite reads: what its needs built as ``data``, its own dataset (``Suite.dataset``), or the corpus
     (whose val split the text suites score)."""
-    s = suites.get(suite)
     if "data" in needed:
         return needed["data"]
     if s.dataset is not None:
         return s.dataset()
     if corpus is None:
-        raise ValueError(f"suite {suite!r} needs a corpus (its val split)")
+        raise ValueError(f"suite {s.name!r} needs a corpus (its val split)")
     return corpus
 
 
@@ -58,7 +57,7 @@ def plan_suite(suite: str, cfg: EvalConfig, model: ArtifactRef, corpus: Artifact
               **(suites.sampler_config(cfg) if s.generates else {}),
               "bootstrap_samples": cfg.bootstrap_samples, "confidence": cfg.confidence, "seed": cfg.seed}
     needed = needed or {}
-    inputs = {"model": model, "data": suite_data(suite, corpus, needed)}
+    inputs = {"model": model, "data": suite_data(s, corpus, needed)}
     if samples_file:
         inputs["samples"] = file_input("samples", samples_file)
     inputs |= {name: ref for name, ref in needed.items() if name != "data"}

@@ -27,6 +27,7 @@ def tokenizer_config(cfg: TokenizeConfig) -> dict[str, Any]:
 
 def plan_tokenizer(cfg: TokenizeConfig, corpus: ArtifactRef) -> StagePlan:
     """A trained tokenizer depends on the corpus; a base one on its files (local) or its name (hub)."""
+    config = tokenizer_config(cfg)
     if cfg.base_tokenizer:
         local = Path(cfg.base_tokenizer).expanduser()
         base = folder_digest(local) if local.is_dir() else cfg.base_tokenizer
@@ -34,7 +35,7 @@ def plan_tokenizer(cfg: TokenizeConfig, corpus: ArtifactRef) -> StagePlan:
     else:
         inputs = {"corpus": corpus}
     return StagePlan(stage="tokenizer", name="tokenizer", code_version=TOKENIZER_CODE_VERSION,
-                     config=tokenizer_config(cfg), inputs=inputs)
+                     config=config, inputs=inputs)
 
 
 def plan_tokenize(cfg: TokenizeConfig, corpus: ArtifactRef, tokenizer: ArtifactRef) -> StagePlan:

@@ -170,8 +170,8 @@ class FolderSource(CorpusSource):
 
     def fingerprint(self, languages: Mapping[str, str]) -> dict[str, Any]:
         """The hash of every file the walk takes, and the commit of a git repository root."""
-        root = self.root()
-        digest, n = fingerprint_source(root, self.rules(languages), self.follow_external_symlinks)
+        root, rules = self.root(), self.rules(languages)
+        digest, n = fingerprint_source(root, rules, self.follow_external_symlinks)
         return {"root": root, "fingerprint": digest, "files": n, "commit": git_commit(root)}
 
 

@@ -9,20 +9,18 @@ import sys
 from pathlib import Path
 
 from prefect import flow
-from prefect.runtime import flow_run
 
 from codemill.config import PipelineConfig
-from codemill.flows.common import execute, open_flow_run
 from codemill.flows.plan import plan_pipeline
+from codemill.flows.run import open_run
 from codemill.tasks.ingest import fingerprint_sources_task
 
 
 @flow(name="data-stages", persist_result=True)
 def data_stages(config: PipelineConfig) -> dict[str, dict]:
-    store, ctx, lineage, parent = open_flow_run(config, flow_run.name or "data-stages", flow_run.id, None)
-    steps = plan_pipeline(config, fingerprint_sources_task(config.ingest), store, until="tokenize")
-    results = execute(steps, ctx, store)
-    lineage.end_run(parent)
+    with open_run(config, "data-stages", tag=False) as run:
+        results = run.execute(plan_pipeline(config, fingerprint_sources_task(config.ingest), run.store, "tokenize"))
+        run.finish(results)
     return {key: result.ref.model_dump() for key, result in results.items()}
 
 

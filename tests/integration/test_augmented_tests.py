@@ -15,11 +15,10 @@ import polars as pl
 import pytest
 from mlflow import MlflowClient
 from prefect import flow
-from prefect.runtime import flow_run
 
 from codemill.config import PipelineConfig
 from codemill.evals.humaneval import execute
-from codemill.flows.common import open_flow_run, run_stage_task
+from codemill.flows.run import open_run, run_stage_task
 from codemill.lineage import tags as T
 from codemill.plan import manifest_digest
 from codemill.problems.config import AugmentConfig, ProblemsConfig, ProblemSourceConfig
@@ -50,10 +49,10 @@ WRONG_UNIQUE = "    return list(set(l))\n"
 
 @flow(name="augment-test", persist_result=True)
 def augment_flow(config: PipelineConfig, path: str) -> dict:
-    store, ctx, lineage, parent = open_flow_run(config, flow_run.name or "augment-test", flow_run.id, None)
-    result = run_stage_task(augment_task, store, plan=plan_augment(config.augment, path), ctx=ctx,
-                            cfg=config.augment)
-    lineage.end_run(parent)
+    with open_run(config, "augment-test", tag=False) as run:
+        result = run_stage_task(augment_task, run.store, plan=plan_augment(config.augment, path), ctx=run.ctx,
+                                cfg=config.augment)
+        run.finish({})
     return result.model_dump()
 
 

@@ -216,6 +216,8 @@ def test_a_gate_waits_for_another_runs_gate_of_the_same_registered_model(tmp_pat
     from codemill import progress
     from codemill.config import PipelineConfig
     from codemill.flows.evaluate import gate_against_champion, registry_key
+    from codemill.flows.plan import plan_evaluations, plan_gate
+    from codemill.flows.run import FlowRun
     from codemill.lineage import Registry
     from codemill.tasks.common import RunContext
     from codemill.tasks.resolve_model import ResolvedModel
@@ -224,6 +226,7 @@ def test_a_gate_waits_for_another_runs_gate_of_the_same_registered_model(tmp_pat
                          mlflow_tracking_uri=mlflow_uri)
     ctx = RunContext(store_root=cfg.store_root, work_dir=cfg.work_dir, tracking_uri=mlflow_uri, experiment=cfg.name)
     store, lineage = ctx.store(), ctx.lineage()
+    run, gate = FlowRun(store, ctx, lineage, "", None), plan_gate(cfg, plan_evaluations(cfg, store))
     model_id = lineage.client.create_logged_model(lineage.experiment_id, name="candidate").model_id
     candidate = ResolvedModel(ref=store.ref_for(scratch_plan("ab", "train", "model")), hf_dir=str(tmp_path),
                               model_id=model_id)
@@ -232,7 +235,7 @@ def test_a_gate_waits_for_another_runs_gate_of_the_same_registered_model(tmp_pat
     try:
         with store.claim("gate", registry_key(cfg.name, mlflow_uri), "other-run", 30):  # the other run gates
             gating = threading.Thread(target=lambda: verdicts.append(
-                gate_against_champion(ctx, store, cfg, candidate, None, {})))
+                gate_against_champion(run, gate, candidate, None, {})))
             gating.start()
             deadline = time.monotonic() + 60
             while not any(name == "gate" and "waiting for run 'other-run'" in said for name, said in rows.said):

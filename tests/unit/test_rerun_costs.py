@@ -15,7 +15,7 @@ from codemill.store import ArtifactStore
 PLAN_AND_CLOSE = """
 import sys
 from codemill.config import load_preset
-from codemill.flows.common import close_live_vllm
+from codemill.flows.run import close_live_vllm
 from codemill.flows.plan import plan_pipeline
 from codemill.store import ArtifactStore
 
