@@ -161,7 +161,8 @@ def plus_problems(plus_dir: Path | None, problems: dict[str, ExecProblem]) -> di
 
     if plus_dir is None:
         raise ValueError("humaneval.plus is on but the evaluation was planned without the augmented tests "
-                         "(the augment step); plan it with flows.plan.plan_evaluations or set humaneval.plus: false")
+                         "(the augment step); plan it with flows.plan.plan_evaluations (EvalPlan.steps) or set "
+                         "humaneval.plus: false")
     augmented = read_augmented(plus_dir)
     missing = sorted(set(problems) - set(augmented))
     if missing:
