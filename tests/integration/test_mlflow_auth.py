@@ -33,7 +33,8 @@ CRED_VARS = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")
 
 class AuthMlflowServer(MlflowServer):
     """``mlflow server --app-name basic-auth``: auth DB in SQLite here (PostgreSQL in deployments/mlflow/),
-    nobody may do anything by default (``default_permission = NO_PERMISSIONS``), as in the cluster's ConfigMap."""
+    nobody may do anything by default (``default_permission = NO_PERMISSIONS``) and a successful password check
+    is cached for a minute, as in the cluster's ConfigMap."""
 
     def app_args(self) -> list[str]:
         return ["--app-name", "basic-auth"]
@@ -43,7 +44,8 @@ class AuthMlflowServer(MlflowServer):
         ini = self.root / "basic_auth.ini"
         ini.write_text("[mlflow]\ndefault_permission = NO_PERMISSIONS\n"
                        f"database_uri = sqlite:///{self.root / 'auth.db'}\nadmin_username = {ADMIN[0]}\n"
-                       "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n")
+                       "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
+                       "auth_cache_ttl_seconds = 60\n")
         env = {k: v for k, v in os.environ.items() if k not in CRED_VARS}
         return env | {"MLFLOW_AUTH_CONFIG_PATH": str(ini), "MLFLOW_AUTH_ADMIN_PASSWORD": ADMIN[1],
                       "MLFLOW_FLASK_SERVER_SECRET_KEY": "test-only-csrf-key",
