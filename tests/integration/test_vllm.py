@@ -154,7 +154,7 @@ def test_a_grpo_flow_samples_with_vllm(tmp_path, vllm_python):
     env = script_env(PREFECT_HOME=str(tmp_path / "prefect"), PREFECT_SERVER_ALLOW_EPHEMERAL_MODE="true")
     proc = subprocess.run([str(vllm_python), "-c", "from codemill.cli import app; app()", "rl", "--config",
                            str(config), "--model", str(policy), "--json"], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=600)
+                          text=True, timeout=600, start_new_session=True)
     assert proc.returncode == 0, proc.stderr[-6000:]
     out = json.loads(proc.stdout[proc.stdout.index("\n{\n"):])  # after vLLM's log lines (some hold a dict)
     from codemill.rl.trajectory import read_rollouts
@@ -193,7 +193,7 @@ def test_humaneval_samples_with_vllm_what_the_hf_engine_samples(setup, tmp_path,
     env = script_env(PREFECT_HOME=str(tmp_path / "prefect"), PREFECT_SERVER_ALLOW_EPHEMERAL_MODE="true")
     proc = subprocess.run([str(vllm_python), "-c", "from codemill.cli import app; app()", "evaluate",
                            setup["policy"], "--config", str(config), "--no-gate"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=600, start_new_session=True)
     assert proc.returncode == 0, proc.stderr[-6000:]
     [manifest] = sorted((tmp_path / "store" / "evaluate").glob("humaneval-*/manifest.json"))
     assert json.loads(manifest.read_text())["config"]["engine"] == "vllm"

@@ -1,7 +1,8 @@
 """The vLLM environment for the tests: built once by ``scripts/vllm-env`` and cached outside the repository, keyed
 by what decides its contents (constraints-vllm.txt, pyproject.toml, the script), so a later session or CI run
 reuses it. The vLLM side of a test runs as a script under that environment's python, with this checkout first on
-``PYTHONPATH`` (the cached environment's editable codemill may point at another checkout), and answers in JSON."""
+``PYTHONPATH`` (the cached environment's editable codemill may point at another checkout), and answers in JSON.
+It runs in a session of its own, so no signal vLLM sends to its process group reaches the test process."""
 
 from __future__ import annotations
 
@@ -62,7 +63,7 @@ def run_json(python: Path, script: Path, args: dict[str, Any], out: Path, timeou
     args_file = out.with_suffix(".args.json")
     args_file.write_text(json.dumps(args))
     proc = subprocess.run([str(python), str(script), str(args_file), str(out)], cwd=ROOT, env=script_env(),
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=True, timeout=timeout, start_new_session=True)
     if proc.returncode != 0 or not out.exists():
         raise AssertionError(f"{script.name} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
     return json.loads(out.read_text())
