@@ -112,7 +112,6 @@ def repo_task_steps(cfg: RepoTasksConfig, phase: str = "evaluate") -> list[Step]
 # The steps a suite can need before it (``Suite.needs``), by stage: each plans them from the stage's config.
 NEEDED_STEPS: dict[str, Callable[[Any], list[Step]]] = {AUGMENT_STAGE: augment_steps,
                                                          REPO_TASKS_STAGE: repo_task_steps}
-DATA_FOR_EVALS = tuple(NEEDED_STEPS)  # what evaluation steps read, planned beside them
 
 
 def extra_seeds(config: PipelineConfig) -> list[int]:

@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from codemill.config import PipelineConfig
-from codemill.flows.plan import EvalPlan, GatePlan, Step, plan_evaluations, plan_gate, repo_task_steps
+from codemill.flows.plan import EvalPlan, GatePlan, Step, plan_evaluations, plan_gate
 from codemill.flows.problems import plan_problem_steps
+from codemill.flows.repo_tasks import plan_repo_task_steps
 from codemill.rl.envs import task_stage
 from codemill.store import ArtifactRef, ArtifactStore
 from codemill.tasks.common import RunContext, StageResult
@@ -35,7 +36,6 @@ class RLPlan:
     """A planned ``rl`` run: what the flow carries instead of its config."""
 
     steps: list[Step]
-    tasks: str  # the step key of the task set: ``problems`` or ``repo_tasks``
     final: str  # the step key of the final policy's update
     evaluations: EvalPlan
     gate: GatePlan | None  # None: the gate is off
@@ -46,14 +46,13 @@ def plan_rl(config: PipelineConfig, start: ResolvedModel, store: ArtifactStore) 
     tasks = plan_task_steps(config, store)
     steps = [*tasks, *plan_rl_steps(config, start, store.ref_for(tasks[-1].plan), store)]
     evaluations = plan_evaluations(config, store)
-    return RLPlan(steps, task_stage(config.rl.env), f"update:{config.rl.iterations - 1}", evaluations,
-                  plan_gate(config, evaluations))
+    return RLPlan(steps, f"update:{config.rl.iterations - 1}", evaluations, plan_gate(config, evaluations))
 
 
 def plan_task_steps(config: PipelineConfig, store: ArtifactStore) -> list[Step]:
     """The steps that make the tasks ``rl.env`` runs: the problem set, or the repository tasks."""
     if task_stage(config.rl.env) == REPO_TASKS:
-        return repo_task_steps(config.repo_tasks, phase=REPO_TASKS)
+        return plan_repo_task_steps(config)
     ingest_sources = fingerprint_sources_task(config.ingest) if needs_corpus(config.problems) else None
     return plan_problem_steps(config, ingest_sources, fingerprint_problem_sources_task(config.problems), store)
 
