@@ -1,5 +1,6 @@
 """The pipeline against real servers: an ``mlflow server`` subprocess (SQLite, proxied artifacts) that the flow
-and rank 0 of 2 torchrun ranks log to over HTTP, and a store on S3 (the moto server, through s3fs)."""
+and rank 0 of 2 torchrun ranks log to over HTTP, and a store on S3 (the moto server, through s3fs), where every
+artifact is whole and a rerun finds every stage in the cache."""
 
 from __future__ import annotations
 
@@ -70,3 +71,7 @@ def test_pipeline_logs_over_http_and_stores_on_s3(small_corpus, tmp_path, s3_end
     names = {a.path for a in client.list_logged_model_artifacts(model.model_id)}
     assert {"model.safetensors", "config.json", "tokenizer.json"} <= names
     assert list((mlflow_server.root / "artifacts").rglob("model.safetensors"))
+
+    # the same config again: every stage is a cache hit on its artifact digest in the S3 store
+    again = pipeline(config=cfg)
+    assert {k: v["status"] for k, v in again["stages"].items()} == dict.fromkeys(out["stages"], "cached")

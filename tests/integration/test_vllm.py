@@ -2,7 +2,9 @@
 ``vllm_python`` fixture caches): greedy tokens equal to ``HFEngine``'s, sampled log-probs by the documented
 convention within the stated tolerances (docs/rl.md#vllm), the weight sync equal to a fresh engine on the new
 weights with the prefix cache reset (and wrong without the reset), and a GRPO ``codemill rl`` that samples with
-vLLM. The vLLM side runs as scripts under that environment's python; the transformers side here."""
+vLLM. The vLLM side runs as scripts under that environment's python; the transformers side here. The two CLI
+runs talk to the session's Prefect server, as a worker on the vLLM environment's older Prefect client talks
+to a newer server."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from statistics import mean
 from typing import Any
 
 import pytest
+from prefect.settings import PREFECT_API_URL
 
 from codemill.models.engines import HFEngine, RolloutParams, teacher_forced_logprobs
 from codemill.problems.synthetic import synthetic_problems
@@ -137,7 +140,7 @@ def test_load_weights_equals_a_fresh_engine_and_resets_the_prefix_cache(setup):
     assert _ids(out["long_back"]) == _ids(out["long_before"])  # and back to the first weights
 
 
-def test_a_grpo_flow_samples_with_vllm(tmp_path, vllm_python):
+def test_a_grpo_flow_samples_with_vllm(tmp_path, vllm_python, prefect_harness):
     """``codemill rl`` (one GRPO iteration, the held-out rollouts before and after) in the vLLM environment, with
     rl.rollout.engine vllm: every rollouts artifact records vLLM and holds judged samples."""
     from tests.integration.rl_setup import make_start_policy, rl_config
@@ -151,7 +154,7 @@ def test_a_grpo_flow_samples_with_vllm(tmp_path, vllm_python):
     data["problems"]["sources"][0]["count"] = 15  # 13 train, 2 held-out problems
     config = tmp_path / "rl.yaml"
     config.write_text(json.dumps(data))
-    env = script_env(PREFECT_HOME=str(tmp_path / "prefect"), PREFECT_SERVER_ALLOW_EPHEMERAL_MODE="true")
+    env = script_env(PREFECT_HOME=str(tmp_path / "prefect"), PREFECT_API_URL=PREFECT_API_URL.value())
     proc = subprocess.run([str(vllm_python), "-c", "from codemill.cli import app; app()", "rl", "--config",
                            str(config), "--model", str(policy), "--json"], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=600, start_new_session=True)
@@ -174,7 +177,7 @@ def test_a_grpo_flow_samples_with_vllm(tmp_path, vllm_python):
     del store
 
 
-def test_humaneval_samples_with_vllm_what_the_hf_engine_samples(setup, tmp_path, vllm_python):
+def test_humaneval_samples_with_vllm_what_the_hf_engine_samples(setup, tmp_path, vllm_python, prefect_harness):
     """``codemill evaluate`` with ``evaluate.engine: vllm`` (float32) in the vLLM environment: the HumanEval
     suite's greedy completions are the HF engine's, token for token, and the eval artifact's config names the
     engine (its digest is not the HF evaluation's)."""
@@ -190,7 +193,7 @@ def test_humaneval_samples_with_vllm_what_the_hf_engine_samples(setup, tmp_path,
                          "vllm": {"dtype": "float32", "enforce_eager": True}}}
     config = tmp_path / "eval.yaml"
     config.write_text(json.dumps(data))
-    env = script_env(PREFECT_HOME=str(tmp_path / "prefect"), PREFECT_SERVER_ALLOW_EPHEMERAL_MODE="true")
+    env = script_env(PREFECT_HOME=str(tmp_path / "prefect"), PREFECT_API_URL=PREFECT_API_URL.value())
     proc = subprocess.run([str(vllm_python), "-c", "from codemill.cli import app; app()", "evaluate",
                            setup["policy"], "--config", str(config), "--no-gate"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600, start_new_session=True)
